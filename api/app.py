@@ -1,0 +1,126 @@
+"""The aiohttp application: one factory, the middlewares, the route table.
+
+Every error leaves as ``{"error": {"code", "message", "details"}}``: ours from
+the error tree, aiohttp's own (404 for an unknown path, 405, 413) translated
+here, anything unexpected logged with its traceback and answered 500 without it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthorized, Unavailable
+
+from .context import ApiContext
+from .routing import Route, openapi, parse_params
+from .routes import cluster, jobs, runs
+from .schemas import COMPONENTS
+
+__all__ = ["create_app", "CTX", "ROUTES", "openapi_document", "VERSION"]
+
+log = logging.getLogger("raftcron.api")
+CTX = web.AppKey("ctx", ApiContext)
+ROUTE = web.AppKey("route_of", dict)
+VERSION = "0.1.0"
+
+Middleware = Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]
+
+
+def _all_routes() -> list[Route]:
+    return [*cluster.ROUTES, *jobs.ROUTES, *runs.ROUTES]
+
+
+ROUTES = _all_routes()
+
+
+def openapi_document() -> dict[str, Any]:
+    return openapi(ROUTES, COMPONENTS, VERSION)
+
+
+def _error_response(exc: RaftcronError) -> web.Response:
+    resp = web.json_response(exc.to_body(), status=exc.status)
+    if isinstance(exc, Unavailable):
+        resp.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    return resp
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RaftcronError as exc:
+        return _error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(PayloadTooLarge(f"request body over {exc.max_size} bytes"))  # type: ignore[attr-defined]
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        message = f"no route for {request.method} {request.path}" if exc.status in (404, 405) else exc.reason
+        return web.json_response({"error": {"code": code, "message": message, "details": []}}, status=exc.status)
+    except Exception:  # noqa: BLE001 - logged with traceback, answered without it
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        body = {"error": {"code": "internal", "message": "internal error; see the agent log", "details": []}}
+        return web.json_response(body, status=500)
+
+
+def _auth_middleware(ctx: ApiContext) -> Any:
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        tokens = ctx.tokens
+        if tokens.write is None and tokens.read is None:
+            return await handler(request)
+        route: Route | None = request.app[ROUTE].get(_route_key(request))
+        if route is not None and route.public:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        given = header[7:].strip() if header.lower().startswith("bearer ") else None
+        if given is None:
+            raise Unauthorized("this cluster needs a token: send Authorization: Bearer <token>")
+        if tokens.write is not None and hmac.compare_digest(given, tokens.write):
+            return await handler(request)
+        if tokens.read is not None and hmac.compare_digest(given, tokens.read):
+            if request.method in ("GET", "HEAD"):
+                return await handler(request)
+            raise Forbidden("the read-only token may not change anything")
+        raise Unauthorized("the token is not valid for this cluster")
+
+    return auth
+
+
+def _route_key(request: web.Request) -> tuple[str, str] | None:
+    info = request.match_info
+    res = info.route.resource if info.route is not None else None
+    canonical = res.canonical if res is not None else None
+    return (request.method, canonical) if canonical else None
+
+
+def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        args = parse_params(request, route)
+        started = time.perf_counter()
+        try:
+            return await route.handler(request, args)
+        finally:
+            observe = request.app[CTX].extras.get("observe_api")
+            if observe is not None:
+                observe(route.path, request.method, time.perf_counter() - started)
+
+    handle.__name__ = route.handler.__name__
+    return handle
+
+
+def create_app(ctx: ApiContext) -> web.Application:
+    app = web.Application(client_max_size=ctx.max_body, middlewares=[error_middleware, _auth_middleware(ctx)])
+    app[CTX] = ctx
+    route_of: dict[tuple[str, str], Route] = {}
+    for r in ROUTES:
+        app.router.add_route(r.method, r.path, _bind(r))
+        route_of[(r.method, r.path)] = r
+    app[ROUTE] = route_of
+    return app

@@ -1,0 +1,122 @@
+"""Health, cluster status, membership and the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from scheduler.errors import Conflict, NotFound, ValidationFailed
+
+from ..context import ApiContext
+from ..routing import Param, Route
+from .common import ctx_of, ok, read_json
+
+__all__ = ["ROUTES", "cluster_view"]
+
+
+async def _health(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    return ok({"status": "ok", "node_id": ctx.node_id})
+
+
+def _node_of(ctx: ApiContext, raft_addr: str | None) -> dict[str, Any] | None:
+    if raft_addr is None:
+        return None
+    for n in list(ctx.state.nodes.values()):
+        if n["raft_addr"] == raft_addr:
+            return {"node_id": n["node_id"], "raft_addr": n["raft_addr"], "http_addr": n["http_addr"]}
+    return {"node_id": None, "raft_addr": raft_addr, "http_addr": None}
+
+
+def cluster_view(ctx: ApiContext) -> dict[str, Any]:
+    st = ctx.node.status()
+    partners = {p.raft_addr: p for p in st.partners}
+    registered = {n["raft_addr"]: n for n in list(ctx.state.nodes.values())}
+    addrs = sorted({ctx.raft_addr, *partners, *registered})
+    members = []
+    for addr in addrs:
+        reg = registered.get(addr, {})
+        me = addr == ctx.raft_addr
+        p = partners.get(addr)
+        role = "leader" if addr == st.leader else ("follower" if st.leader else "unknown")
+        if me:
+            role = st.state
+        lag = None
+        if st.state == "leader" and p is not None and p.match_index is not None:
+            lag = max(0, st.commit_index - p.match_index)
+        members.append({
+            "node_id": reg.get("node_id"), "raft_addr": addr, "http_addr": reg.get("http_addr"),
+            "role": role, "reachable": True if me else bool(p and p.connected), "lag": lag,
+            "tags": reg.get("tags", {}), "allow_shell": reg.get("allow_shell", False),
+            "in_configuration": me or p is not None,
+        })
+    return {
+        "node_id": ctx.node_id, "leader": _node_of(ctx, st.leader), "term": st.term, "state": st.state,
+        "commit_index": st.commit_index, "applied_index": st.applied_index, "has_quorum": st.has_quorum,
+        "raft_thread_alive": st.raft_thread_alive, "apply_lag": max(0, st.commit_index - st.applied_index),
+        "seconds_without_leader": round(st.seconds_without_leader, 3),
+        "last_snapshot_index": st.last_snapshot_index, "members": members,
+    }
+
+
+async def _cluster(request: web.Request, args: dict[str, Any]) -> web.Response:
+    return ok(cluster_view(ctx_of(request)))
+
+
+async def _openapi(request: web.Request, args: dict[str, Any]) -> web.Response:
+    from ..app import openapi_document
+
+    return ok(openapi_document())
+
+
+async def _members(request: web.Request, args: dict[str, Any]) -> web.Response:
+    return ok({"items": cluster_view(ctx_of(request))["members"], "next_cursor": None})
+
+
+async def _add_member(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    body = await read_json(request)
+    problems = []
+    if not isinstance(body, dict):
+        raise ValidationFailed([{"field": "$", "message": "must be an object"}])
+    for key in ("raft_addr",):
+        if not isinstance(body.get(key), str) or ":" not in body[key]:
+            problems.append({"field": key, "message": "is required, as host:port"})
+    unknown = set(body) - {"node_id", "raft_addr", "http_addr"}
+    problems += [{"field": k, "message": "unknown field"} for k in sorted(unknown)]
+    if problems:
+        raise ValidationFailed(problems)
+    if any(p.raft_addr == body["raft_addr"] for p in ctx.node.status().partners) or body["raft_addr"] == ctx.raft_addr:
+        raise Conflict(f"{body['raft_addr']} is a member already")
+    await ctx.service.add_member(body["raft_addr"])
+    return ok({"added": body["raft_addr"]}, 201)
+
+
+async def _remove_member(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    key = args["member"]
+    addr = next((n["raft_addr"] for n in list(ctx.state.nodes.values()) if n["node_id"] == key), key)
+    if addr == ctx.raft_addr:
+        raise Conflict("a node cannot remove itself; ask another member")
+    if not any(p.raft_addr == addr for p in ctx.node.status().partners):
+        raise NotFound(f"no member {key!r}")
+    await ctx.service.remove_member(addr)
+    return ok({"removed": addr})
+
+
+ROUTES = [
+    Route("GET", "/v1/health", _health, "200 while the process serves", responses={200: "Health"},
+          tag="cluster", public=True),
+    Route("GET", "/v1/cluster", _cluster, "Leader, term, commit index, members", responses={200: "Cluster"},
+          tag="cluster"),
+    Route("GET", "/v1/members", _members, "Members with role and reachability", responses={200: "MemberList"},
+          tag="cluster"),
+    Route("POST", "/v1/members", _add_member, "Add a member (start it first with --peers naming the cluster)",
+          body="MemberAdd", responses={201: "Object", 409: "Error"}, write=True, tag="cluster"),
+    Route("DELETE", "/v1/members/{member}", _remove_member, "Remove a member by node id or raft address",
+          params=(Param("member", "path", required=True),), responses={200: "Object", 404: "Error", 409: "Error"},
+          write=True, tag="cluster"),
+    Route("GET", "/openapi.json", _openapi, "This document", responses={200: "Object"}, tag="cluster",
+          public=True),
+]

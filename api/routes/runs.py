@@ -1,0 +1,111 @@
+"""/v1/runs and /v1/dead-letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from scheduler.errors import NotFound
+from scheduler.planner import us
+
+from ..routing import Param, Route
+from ..views import run_view
+from .common import ctx_of, cursor_int, ok, page
+from .jobs import CURSOR, LIMIT, RUN_STATUSES
+
+__all__ = ["ROUTES"]
+
+RUN_ID = Param("id", "path", required=True, description="run id")
+
+
+async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    after = cursor_int(args)
+    since = us(args["since"]) if args.get("since") else None
+    until = us(args["until"]) if args.get("until") else None
+    limit = args.get("limit") or 100
+    items = []
+    ids = list(ctx.state.job_runs.get(args["job"]) or []) if args.get("job") else list(ctx.state.runs)
+    for rid in reversed(ids):
+        run = ctx.state.runs.get(rid)
+        if run is None or (after is not None and run["token"] >= after):
+            continue
+        if args.get("status") and run["status"] != args["status"]:
+            continue
+        if (since is not None and run["slot_us"] < since) or (until is not None and run["slot_us"] > until):
+            continue
+        items.append(run)
+        if len(items) > limit:
+            break
+    result = page(items, lambda r: r["token"], args)
+    result["items"] = [run_view(r, output=False) for r in result["items"]]
+    return ok(result)
+
+
+def _run(request: web.Request, run_id: str) -> dict[str, Any]:
+    run = ctx_of(request).state.runs.get(run_id)
+    if run is None:
+        raise NotFound(f"no run with id {run_id!r}")
+    return run
+
+
+async def _get(request: web.Request, args: dict[str, Any]) -> web.Response:
+    return ok(run_view(_run(request, args["id"])))
+
+
+async def _cancel(request: web.Request, args: dict[str, Any]) -> web.Response:
+    _run(request, args["id"])
+    run = await ctx_of(request).service.cancel(args["id"])
+    return ok(run_view(run))
+
+
+async def _dead(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    after = cursor_int(args)
+    items = []
+    for rid in reversed(list(ctx.state.dead)):
+        run = ctx.state.runs.get(rid)
+        if run is None or (after is not None and run["token"] >= after):
+            continue
+        if args.get("job") and run["job"] != args["job"]:
+            continue
+        items.append(run)
+        if len(items) > (args.get("limit") or 100):
+            break
+    result = page(items, lambda r: r["token"], args)
+    result["items"] = [run_view(r, output=False) for r in result["items"]]
+    return ok(result)
+
+
+async def _replay(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    run_id = await ctx.service.replay(args["id"], ctx.live())
+    return ok({"run_id": run_id}, 202)
+
+
+async def _delete_dead(request: web.Request, args: dict[str, Any]) -> web.Response:
+    ctx = ctx_of(request)
+    if args["id"] not in ctx.state.dead:
+        raise NotFound(f"no dead letter with id {args['id']!r}")
+    await ctx.service.delete_dead(args["id"])
+    return ok({"deleted": args["id"]})
+
+
+ROUTES = [
+    Route("GET", "/v1/runs", _list, "All runs, newest first",
+          params=(Param("status", type="enum", enum=RUN_STATUSES), Param("job"),
+                  Param("since", type="date-time", description="slots at or after"),
+                  Param("until", type="date-time", description="slots at or before"), LIMIT, CURSOR),
+          responses={200: "RunList"}, tag="runs"),
+    Route("GET", "/v1/runs/{id}", _get, "One run, with its output", params=(RUN_ID,),
+          responses={200: "Run", 404: "Error"}, tag="runs"),
+    Route("POST", "/v1/runs/{id}/cancel", _cancel, "Cancel a claimed or running attempt", params=(RUN_ID,),
+          responses={200: "Run", 404: "Error", 409: "Error"}, write=True, tag="runs"),
+    Route("GET", "/v1/dead-letters", _dead, "Dead runs (retries exhausted)", params=(Param("job"), LIMIT, CURSOR),
+          responses={200: "RunList"}, tag="runs"),
+    Route("POST", "/v1/dead-letters/{id}/replay", _replay, "Run a dead letter's slot again", params=(RUN_ID,),
+          responses={202: "RunAccepted", 404: "Error"}, write=True, tag="runs"),
+    Route("DELETE", "/v1/dead-letters/{id}", _delete_dead, "Forget a dead letter", params=(RUN_ID,),
+          responses={200: "Object", 404: "Error"}, write=True, tag="runs"),
+]

@@ -1,0 +1,136 @@
+"""JSON schemas of the API's bodies, for /openapi.json.
+
+The job document's schema mirrors ``scheduler.model`` (which is what actually
+validates); ``tests/api/test_openapi.py`` holds the two together: every field
+the schema names is accepted by the model and every field outside it is
+refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["COMPONENTS", "JOB_DOCUMENT"]
+
+_DURATION = {"oneOf": [{"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"}, {"type": "integer", "minimum": 0}],
+             "description": "90s, 5m, 1h30m, or whole seconds"}
+_INSTANT = {"type": "string", "format": "date-time", "nullable": True}
+_STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = (), nullable: bool = False) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        s["required"] = list(required)
+    if nullable:
+        s["nullable"] = True
+    return s
+
+
+JOB_DOCUMENT = _obj({
+    "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"},
+    "description": {"type": "string", "maxLength": 2048},
+    "labels": _STRMAP,
+    "schedule": {"type": "string", "description": "cron (5 or 6 fields, seconds first), @hourly, @every 30s, "
+                                                  "@at <RFC 3339>, @manually"},
+    "timezone": {"type": "string", "description": "IANA name, default UTC"},
+    "paused": {"type": "boolean"},
+    "starts_at": _INSTANT,
+    "ends_at": _INSTANT,
+    "executor": {"type": "string", "enum": ["http", "shell"]},
+    "http": _obj({
+        "url": {"type": "string"},
+        "method": {"type": "string", "enum": ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]},
+        "headers": _STRMAP,
+        "body": {"type": "string", "nullable": True},
+        "expect_status": {"type": "array", "items": {"type": "integer", "minimum": 100, "maximum": 599}},
+        "expect_body": {"type": "string", "nullable": True},
+    }, ("url",), nullable=True),
+    "shell": _obj({
+        "command": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+        "env": _STRMAP,
+        "cwd": {"type": "string", "nullable": True},
+    }, ("command",), nullable=True),
+    "timeout": _DURATION,
+    "retries": _obj({"max": {"type": "integer", "minimum": 0, "maximum": 100}, "backoff": _DURATION,
+                     "factor": {"type": "number", "minimum": 1}, "max_backoff": _DURATION}),
+    "concurrency": {"type": "string", "enum": ["allow", "forbid", "replace"]},
+    "delivery": {"type": "string", "enum": ["at-least-once", "at-most-once"]},
+    "catchup": _obj({"policy": {"type": "string", "enum": ["none", "latest", "all"]}, "window": _DURATION}),
+    "target": _obj({"tags": _STRMAP, "count": {"type": "integer", "minimum": 1}}),
+    "depends_on": _obj({"job": {"type": "string"}, "on": {"type": "string", "enum": ["success", "failure", "any"]}},
+                       ("job",), nullable=True),
+    "alerts": _obj({
+        "webhook": {"type": "string", "nullable": True},
+        "on": {"type": "array", "items": {"type": "string", "enum": [
+            "failure", "recovery", "missed", "dead", "late", "duration", "duplicate"]}},
+        "after_failures": {"type": "integer", "minimum": 1},
+        "late_after": _DURATION,
+    }),
+    "history": _obj({"keep": {"type": "integer", "minimum": 1, "maximum": 10000}}),
+}, ("executor",))
+
+_T = {"type": "string", "format": "date-time", "nullable": True}
+_RUN = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"}, "job": {"type": "string"}, "slot": {"type": "string", "format": "date-time"},
+        "attempt": {"type": "integer"},
+        "trigger": {"type": "string", "enum": ["schedule", "catchup", "manual", "retry", "dependency", "replay"]},
+        "status": {"type": "string"}, "node": {"type": "string", "nullable": True},
+        "claimed_at": _T, "started_at": _T, "finished_at": _T,
+        "duration_ms": {"type": "integer", "nullable": True}, "exit_code": {"type": "integer", "nullable": True},
+        "http_status": {"type": "integer", "nullable": True}, "output": {"type": "string"},
+        "error": {"type": "string", "nullable": True}, "fencing_token": {"type": "integer"},
+    },
+    "required": ["id", "job", "slot", "attempt", "trigger", "status", "fencing_token"],
+}
+_NODE_REF = {"type": "object", "nullable": True, "properties": {
+    "node_id": {"type": "string", "nullable": True}, "raft_addr": {"type": "string"},
+    "http_addr": {"type": "string", "nullable": True}}}
+_MEMBER = {"type": "object", "properties": {
+    "node_id": {"type": "string", "nullable": True}, "raft_addr": {"type": "string"},
+    "http_addr": {"type": "string", "nullable": True}, "role": {"type": "string"},
+    "reachable": {"type": "boolean"}, "lag": {"type": "integer", "nullable": True}},
+    "required": ["raft_addr", "role", "reachable"]}
+
+
+def _list_of(ref: str) -> dict[str, Any]:
+    return {"type": "object", "required": ["items", "next_cursor"], "properties": {
+        "items": {"type": "array", "items": {"$ref": f"#/components/schemas/{ref}"}},
+        "next_cursor": {"type": "string", "nullable": True}}}
+
+
+COMPONENTS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message", "details"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {"type": "array"}}}}},
+    "Object": {"type": "object"},
+    "Health": {"type": "object", "required": ["status"], "properties": {
+        "status": {"type": "string"}, "node_id": {"type": "string"}}},
+    "Cluster": {"type": "object", "required": ["node_id", "leader", "term", "commit_index", "applied_index", "members"],
+                "properties": {"node_id": {"type": "string"}, "leader": _NODE_REF, "term": {"type": "integer"},
+                               "commit_index": {"type": "integer"}, "applied_index": {"type": "integer"},
+                               "members": {"type": "array", "items": _MEMBER}}},
+    "Member": _MEMBER,
+    "MemberList": _list_of("Member"),
+    "MemberAdd": _obj({"node_id": {"type": "string"}, "raft_addr": {"type": "string"},
+                       "http_addr": {"type": "string"}}, ("raft_addr",)),
+    "JobDocument": JOB_DOCUMENT,
+    "Job": {"type": "object", "required": ["name", "spec", "version", "status"], "properties": {
+        "name": {"type": "string"}, "spec": {"type": "object"}, "version": {"type": "integer"},
+        "created_at": _T, "updated_at": _T, "change": {"type": "string", "enum": ["created", "configured", "unchanged"]},
+        "status": {"type": "object", "properties": {
+            "paused": {"type": "boolean"}, "last_run": {"type": "object", "nullable": True},
+            "next_slots": {"type": "array", "items": {"type": "string"}},
+            "consecutive_failures": {"type": "integer"}}}}},
+    "JobList": _list_of("Job"),
+    "Run": _RUN,
+    "RunList": _list_of("Run"),
+    "RunAccepted": {"type": "object", "required": ["run_id"], "properties": {"run_id": {"type": "string"}}},
+    "Note": _obj({"note": {"type": "string", "nullable": True}}, nullable=True),
+    "Explain": {"type": "object", "required": ["decision", "reason"], "properties": {
+        "slot": {"type": "string", "nullable": True}, "decision": {"type": "string"},
+        "reason": {"type": "string"}, "run_id": {"type": "string", "nullable": True}}},
+    "ExplainList": _list_of("Explain"),
+}

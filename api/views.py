@@ -1,0 +1,117 @@
+"""Ledger and job records rendered as the JSON SPEC promises (RFC 3339 UTC times)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
+from scheduler.planner import from_us, next_slot_us
+from scheduler.state import State
+
+__all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
+
+
+def iso(v: int | None) -> str | None:
+    if v is None:
+        return None
+    t = from_us(v)
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if t.microsecond else "%Y-%m-%dT%H:%M:%SZ"
+    return t.strftime(fmt)
+
+
+def run_view(run: dict[str, Any], *, output: bool = True) -> dict[str, Any]:
+    started, finished = run["started_us"], run["finished_us"]
+    view = {
+        "id": run["id"], "job": run["job"], "slot": iso(run["slot_us"]), "attempt": run["attempt"],
+        "trigger": run["trigger"], "status": run["status"], "node": run["node"],
+        "claimed_at": iso(run["claimed_us"]), "started_at": iso(started), "finished_at": iso(finished),
+        "duration_ms": (finished - started) // 1000 if started is not None and finished is not None else None,
+        "exit_code": run["exit_code"], "http_status": run["http_status"], "error": run["error"],
+        "fencing_token": run["token"], "outcome": run.get("outcome"), "retry_of": run["retry_of"],
+        "retried_by": run["next"], "retry_at": iso(run.get("retry_at_us")),
+        "lease_expires_at": iso(run.get("lease_us")), "claimed_by": {"leader": run["leader"], "term": run["term"]},
+    }
+    if output:
+        view["output"] = run["output"]
+    if run.get("late_result"):
+        lr = run["late_result"]
+        view["late_result"] = {"status": lr.get("status"), "finished_at": iso(lr.get("finished_us"))}
+    return view
+
+
+def next_slots(state: State, name: str, now_us: int, count: int = 5) -> list[int]:
+    job, rec = state.job(name), state.jobs.get(name)
+    if job is None or rec is None or job.paused:
+        return []
+    out: list[int] = []
+    cursor = max(now_us, rec["last_slot_us"] or rec["created_us"])
+    while len(out) < count:
+        s = next_slot_us(job, rec["created_us"], cursor)
+        if s is None:
+            break
+        out.append(s)
+        cursor = s
+    return out
+
+
+def job_view(state: State, name: str, now_us: int) -> dict[str, Any] | None:
+    rec = state.jobs.get(name)
+    if rec is None:
+        return None
+    ids = state.job_runs.get(name) or []
+    last = state.runs.get(ids[-1]) if ids else None
+    return {
+        "name": name, "spec": rec["spec"], "version": rec["version"],
+        "created_at": iso(rec["created_us"]), "updated_at": iso(rec["updated_us"]),
+        "status": {
+            "paused": bool(rec["spec"].get("paused")), "pause_note": rec.get("pause_note"),
+            "last_run": run_view(last, output=False) if last else None,
+            "next_slots": [iso(s) for s in next_slots(state, name, now_us)],
+            "consecutive_failures": rec["consecutive_failures"],
+            "missed_total": rec["missed_total"], "last_decided_slot": iso(rec["last_slot_us"]),
+        },
+    }
+
+
+def _decision(run: dict[str, Any]) -> tuple[str, str]:
+    st, trig = run["status"], run["trigger"]
+    by = f"leader {run['leader']} in term {run['term']}"
+    if st in ("skipped", "missed"):
+        return st, f"{run['error']} (decided by {by})"
+    if st == "failed" and run["node"] is None:
+        return "failed", f"not dispatched: {run['error']} (decided by {by})"
+    what = {"retry": f"retry of {run['retry_of']}", "replay": f"replay of dead letter {run['retry_of']}",
+            "catchup": "catch-up run", "dependency": f"triggered by upstream run {run['cause']}",
+            "manual": "run by hand"}.get(trig, "scheduled run")
+    reason = f"{what}, claimed by {by} for node {run['node']}, attempt {run['attempt']}: now {st}"
+    if st in ("lost", "retrying", "failed", "timed_out", "cancelled", "dead") and run["error"]:
+        reason += f" ({run['error']})"
+    if run["next"]:
+        reason += f"; retried as {run['next']}"
+    return ("claimed" if trig != "retry" else "retried"), reason
+
+
+def explain_view(state: State, name: str, since_us: int | None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for rid in list(state.job_runs.get(name) or []):
+        run = state.runs.get(rid)
+        if run is None or (since_us is not None and run["slot_us"] < since_us):
+            continue
+        decision, reason = _decision(run)
+        items.append({"slot": iso(run["slot_us"]), "decision": decision, "status": run["status"], "reason": reason,
+                      "run_id": rid, "term": run["term"], "leader": run["leader"], "at": iso(run["claimed_us"]),
+                      "entry_index": run["token"] // MAX_CLAIMS_PER_ENTRY, "_key": run["slot_us"]})
+    for n in list(state.notes.get(name) or []):
+        key = n.get("first_us", n["at_us"])
+        if since_us is not None and n.get("last_us", n["at_us"]) < since_us:
+            continue
+        if "count" in n:
+            reason = (f"{n['count']} slots from {iso(n['first_us'])} to {iso(n['last_us'])}: {n.get('reason')}")
+            slot = iso(n["first_us"])
+        else:
+            reason, slot = str(n.get("reason")), None
+        items.append({"slot": slot, "decision": n["decision"], "status": n["decision"], "reason": reason,
+                      "run_id": None, "term": None, "leader": None, "at": iso(n["at_us"]), "entry_index": None,
+                      "_key": key})
+    items.sort(key=lambda i: i.pop("_key"), reverse=True)
+    return items

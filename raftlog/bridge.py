@@ -1,0 +1,94 @@
+"""submit(bytes) -> awaitable result, without ever blocking the event loop.
+
+pysyncobj calls back on its raft thread; the callback only schedules the
+future's completion on the loop (``call_soon_threadsafe``). Every submit has a
+deadline: a callback can be stranded (a snapshot install skipped the entry, a
+leader vanished), and then the outcome is unknown, which is why every command
+we submit is idempotent.
+
+Errors:
+    SubmitError              base; ``reason`` is the pysyncobj fail reason name
+    ├── NotCommitted         certainly not applied (no leader, queue full, discarded): safe to retry
+    └── UnknownOutcome       may or may not be applied (leader changed, timed out): retry is safe
+                             only because commands are idempotent
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .node import FAIL_REASON, RaftNode
+
+__all__ = ["Bridge", "SubmitError", "NotCommitted", "UnknownOutcome"]
+
+_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
+_NOT_COMMITTED = {FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL, FAIL_REASON.DISCARDED, FAIL_REASON.REQUEST_DENIED}
+
+
+class SubmitError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NotCommitted(SubmitError):
+    pass
+
+
+class UnknownOutcome(SubmitError):
+    pass
+
+
+def _error_for(code: int) -> SubmitError:
+    name = _NAMES.get(code, f"REASON_{code}")
+    if code in _NOT_COMMITTED:
+        return NotCommitted(name, f"not committed: {name.lower().replace('_', ' ')}")
+    return UnknownOutcome(name, f"outcome unknown: {name.lower().replace('_', ' ')}")
+
+
+class Bridge:
+    def __init__(self, node: RaftNode, loop: asyncio.AbstractEventLoop) -> None:
+        self._node = node
+        self._loop = loop
+
+    def _future(self) -> tuple[asyncio.Future[Any], Any]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+
+        def settle(result: Any, err: int) -> None:
+            if fut.done():
+                return
+            if err == FAIL_REASON.SUCCESS:
+                fut.set_result(result)
+            else:
+                fut.set_exception(_error_for(err))
+
+        def callback(result: Any, err: int) -> None:  # raft thread
+            try:
+                self._loop.call_soon_threadsafe(settle, result, err)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+        return fut, callback
+
+    async def submit(self, payload: bytes, timeout: float = 5.0) -> Any:
+        fut, callback = self._future()
+        self._node.submit(payload, callback)
+        return await self._wait(fut, timeout)
+
+    async def add_member(self, raft_addr: str, timeout: float = 10.0) -> None:
+        fut, callback = self._future()
+        self._node.add_member(raft_addr, callback)
+        await self._wait(fut, timeout)
+
+    async def remove_member(self, raft_addr: str, timeout: float = 10.0) -> None:
+        fut, callback = self._future()
+        self._node.remove_member(raft_addr, callback)
+        await self._wait(fut, timeout)
+
+    @staticmethod
+    async def _wait(fut: asyncio.Future[Any], timeout: float) -> Any:
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError as exc:
+            raise UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s") from exc

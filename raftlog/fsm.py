@@ -1,0 +1,50 @@
+"""The state-machine protocol raftlog hosts.
+
+The host (``raftlog.node``) knows nothing of what the state means: it hands
+each committed entry's bytes to ``apply`` in log order, asks for a snapshot
+when the journal is compacted, and restores one when it starts from a dump or
+a leader installs a snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
+
+__all__ = ["ApplyContext", "StateMachine"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyContext:
+    """What the host knows about the entry being applied.
+
+    ``index`` is the entry's Raft log index: the same on every replica, so it
+    may enter the state (fencing tokens are derived from it). ``replay`` is a
+    local fact (the entry was already in this node's journal when it started)
+    and must never influence the state, only what this node does about it.
+    """
+
+    index: int
+    replay: bool = False
+
+
+class StateMachine(Protocol):
+    def apply(self, command: bytes, ctx: ApplyContext) -> Any:
+        """Apply one committed command; deterministic, and never raises.
+
+        A malformed or refused command returns a rejection value, the same on
+        every replica. Reads no clock, random source, environment or file.
+        """
+        ...
+
+    def snapshot(self) -> Iterator[bytes]:
+        """Capture the state now; the returned iterator may be consumed later, on another thread.
+
+        The view must be taken before this returns (apply may run again right
+        after), and the chunks joined are what ``restore`` accepts.
+        """
+        ...
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with a snapshot; discards everything before."""
+        ...

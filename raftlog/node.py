@@ -1,0 +1,376 @@
+"""pysyncobj glue: one replicated entry point taking bytes, a durable journal,
+msgpack snapshots written off the raft thread, the cluster secret, and status.
+
+The rules come from what was measured of pysyncobj 0.3.17 (see the project's
+design notes); each is applied here once so nothing above this module needs to
+know them:
+
+- no secret, no start: without a password pysyncobj unpickles anything that
+  reaches its port;
+- journal AND full dump always, or a restart after compaction applies nothing;
+- exactly one ``@replicated`` method (they are numbered by sorted name);
+- ``apply`` never raises into pysyncobj (a raising entry wedges the cluster);
+- the applied-entry hook never raises either (a raising callback makes the
+  node apply the entry twice);
+- the journal is flushed to disk before pysyncobj acknowledges anything it
+  appended (pysyncobj itself never fsyncs);
+- the dump is msgpack written by a thread of ours (no pickle, no fork holding
+  our listening sockets).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pysyncobj.syncobj as _pso
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
+from pysyncobj.journal import FileJournal
+
+from .fsm import ApplyContext, StateMachine
+from .snapshot import SnapshotWriter, read_snapshot
+
+__all__ = ["NodeConfig", "RaftNode", "NodeStatus", "MemberStatus", "FAIL_REASON", "MissingSecret"]
+
+log = logging.getLogger("raftcron.raft")
+
+SubmitCallback = Callable[[Any, int], None]
+AppliedHook = Callable[[ApplyContext, Any], None]
+
+
+class MissingSecret(ValueError):
+    pass
+
+
+class _DurableJournal(FileJournal):  # type: ignore[misc]
+    """A FileJournal that msyncs every appended record before pysyncobj goes on.
+
+    pysyncobj writes the journal through an mmap and never syncs it, so an
+    acknowledged entry could vanish with a power loss on a majority. Flushing
+    in ``add`` puts the sync before the follower's AppendEntries answer and
+    before the leader counts its own copy.
+    """
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        self.flush()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    raft_addr: str
+    peers: tuple[str, ...]
+    data_dir: Path
+    secret: str
+    # Timing: chosen from bench/ measurements on a 2-core machine; see README.
+    election_min: float = 0.4
+    election_max: float = 1.0
+    append_period: float = 0.05
+    tick_period: float = 0.005
+    batch_append: bool = False
+    leader_fallback: float = 1.2
+    fsync: bool = True
+    compaction_entries: int = 20000
+    compaction_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    raft_addr: str
+    connected: bool
+    match_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    raft_addr: str
+    state: str  # follower | candidate | leader
+    leader: str | None
+    term: int
+    commit_index: int
+    applied_index: int
+    has_quorum: bool
+    raft_thread_alive: bool
+    partners: tuple[MemberStatus, ...] = field(default_factory=tuple)
+    last_snapshot_index: int = 0
+    seconds_without_leader: float = 0.0
+
+
+_STATES = {0: "follower", 1: "candidate", 2: "leader"}
+
+
+class _Host(SyncObj):  # type: ignore[misc]
+    """The SyncObj subclass: its only replicated method is ``_rc_apply``."""
+
+    def __init__(self, owner: "RaftNode", self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
+        self._rc_owner = owner
+        super().__init__(self_addr, peers, conf)
+
+    @replicated  # type: ignore[misc]
+    def _rc_apply(self, payload: bytes) -> Any:
+        # pysyncobj bumps raftLastApplied right after this returns.
+        return self._rc_owner._apply(payload, self.raftLastApplied + 1)
+
+
+class RaftNode:
+    """Hosts one StateMachine on pysyncobj.
+
+    ``submit`` may be called from any thread; its callback and ``on_applied``
+    run on the raft thread and must only hand results to another thread.
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        fsm: StateMachine,
+        *,
+        on_applied: AppliedHook | None = None,
+        on_restored: Callable[[], None] | None = None,
+    ) -> None:
+        if not config.secret:
+            raise MissingSecret(
+                "a cluster secret is required (--secret or RAFTCRON_SECRET): the raft port carries "
+                "pickled objects, and only the secret keeps strangers from running code through it"
+            )
+        self.config = config
+        self._fsm = fsm
+        self._on_applied = on_applied
+        self._on_restored = on_restored
+        self._host: _Host | None = None
+        self._replay_upto = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._snap = SnapshotWriter(fsm, config.fsync)
+        self._leaderless_since: float | None = time.monotonic()
+        self._last_state = "follower"
+        self._last_leader: str | None = None
+        self._cached: NodeStatus | None = None
+        self._status_lock = threading.Lock()
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Construct the SyncObj on a long-lived thread of its own.
+
+        pysyncobj's tick thread holds only a weak proxy to the SyncObj; if the
+        constructing thread goes away with the last strong reference the tick
+        thread dies silently. Our thread keeps it for the node's whole life.
+        """
+        self._thread = threading.Thread(target=self._own, name="raftlog-owner", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"raft node did not start within {timeout}s")
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _own(self) -> None:
+        try:
+            self._host = self._construct()
+            self._host.waitBinded()
+            journal = self._host._SyncObj__raftLog  # noqa: SLF001 - replay boundary, see below
+            # Entries already in our journal at start were decided before this
+            # process lived; the state replays them, but a worker must not act
+            # on them again (the design's "act only on live entries" rule).
+            self._replay_upto = journal[-1][1] if len(journal) else 0
+            self._host.addOnTickCallback(self._on_tick)
+        except BaseException as exc:  # reported to start()'s caller
+            self._start_error = exc
+            self._started.set()
+            return
+        self._started.set()
+        self._stop.wait()
+        host, self._host = self._host, None
+        if host is not None:
+            host.destroy_synchronous()
+
+    def _construct(self) -> _Host:
+        c = self.config
+        conf = SyncObjConf(
+            password=c.secret,
+            journalFile=str(c.data_dir / "raft.journal"),
+            fullDumpFile=str(c.data_dir / "raft.dump"),
+            serializer=self._snap.start,
+            serializeChecker=self._snap.check,
+            deserializer=self._deserialize,
+            raftMinTimeout=c.election_min,
+            raftMaxTimeout=c.election_max,
+            appendEntriesPeriod=c.append_period,
+            autoTickPeriod=c.tick_period,
+            appendEntriesUseBatch=c.batch_append,
+            leaderFallbackTimeout=c.leader_fallback,
+            commandsWaitLeader=False,
+            dynamicMembershipChange=True,
+            logCompactionMinEntries=c.compaction_entries,
+            logCompactionMinTime=c.compaction_seconds,
+            connectionRetryTime=1.0,
+            connectionTimeout=2.0,
+            useFork=False,
+        )
+        durable = c.fsync
+        original = _pso.createJournal
+        # pysyncobj has no journal factory option; swap the module's name for
+        # the duration of construction (our owner thread is the only caller).
+        _pso.createJournal = lambda path=None: _DurableJournal(path) if (path and durable) else original(path)
+        try:
+            return _Host(self, c.raft_addr, list(c.peers), conf)
+        finally:
+            _pso.createJournal = original
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._snap.join(timeout)
+
+    # ---- apply path (raft thread) ----------------------------------------
+
+    def _apply(self, payload: bytes, index: int) -> Any:
+        ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
+        try:
+            result = self._fsm.apply(payload, ctx)
+        except Exception:  # noqa: BLE001 - a raise here would wedge the whole cluster
+            log.exception("state machine raised on entry %d; recorded as rejected", index)
+            result = None
+        hook = self._on_applied
+        if hook is not None:
+            try:
+                hook(ctx, result)
+            except Exception:  # noqa: BLE001 - a raising hook makes pysyncobj re-apply the entry
+                log.exception("applied-entry hook raised on entry %d", index)
+        return result
+
+    def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
+        fsm_bytes, last, prev, cluster = read_snapshot(path)
+        self._fsm.restore(fsm_bytes)
+        log.info("state restored from snapshot at index %d", last[1])
+        if self._on_restored is not None:
+            try:
+                self._on_restored()
+            except Exception:  # noqa: BLE001
+                log.exception("restore hook raised")
+        return last, prev, cluster
+
+    # ---- submit ------------------------------------------------------------
+
+    def submit(self, payload: bytes, callback: SubmitCallback) -> None:
+        host = self._host
+        if host is None:
+            callback(None, FAIL_REASON.MISSING_LEADER)
+            return
+
+        def guarded(result: Any, err: int) -> None:
+            try:
+                callback(result, err)
+            except Exception:  # noqa: BLE001 - see _apply
+                log.exception("submit callback raised")
+
+        host._rc_apply(payload, callback=guarded)
+
+    # ---- membership --------------------------------------------------------
+
+    def add_member(self, raft_addr: str, callback: SubmitCallback) -> None:
+        if self._host is None:
+            callback(None, FAIL_REASON.MISSING_LEADER)
+            return
+        self._host.addNodeToCluster(raft_addr, callback=callback)
+
+    def remove_member(self, raft_addr: str, callback: SubmitCallback) -> None:
+        if self._host is None:
+            callback(None, FAIL_REASON.MISSING_LEADER)
+            return
+        self._host.removeNodeFromCluster(raft_addr, callback=callback)
+
+    def force_compaction(self) -> None:
+        if self._host is not None:
+            self._host._forceLogCompaction()
+
+    # ---- status --------------------------------------------------------------
+
+    @property
+    def replay_upto(self) -> int:
+        return self._replay_upto
+
+    def is_leader(self) -> bool:
+        host = self._host
+        return host is not None and host._isLeader()
+
+    def leader(self) -> str | None:
+        host = self._host
+        if host is None:
+            return None
+        node = host._getLeader()
+        return None if node is None else str(node.id)
+
+    def _on_tick(self) -> None:
+        """Runs on the raft thread: the only place pysyncobj's dicts are read safely."""
+        host = self._host
+        if host is None:
+            return
+        st = host.getStatus()
+        state = _STATES.get(st["state"], "unknown")
+        leader = None if st["leader"] is None else str(st["leader"].id)
+        now = time.monotonic()
+        if leader is None:
+            if self._leaderless_since is None:
+                self._leaderless_since = now
+        else:
+            self._leaderless_since = None
+        if state != self._last_state or leader != self._last_leader:
+            self._log_transition(state, leader, st["raft_term"])
+            self._last_state, self._last_leader = state, leader
+        partners = []
+        for node in host.otherNodes:
+            partners.append(
+                MemberStatus(
+                    raft_addr=str(node.id),
+                    connected=host.isNodeConnected(node),
+                    match_index=st.get("match_idx_server_" + node.id),
+                )
+            )
+        status = NodeStatus(
+            raft_addr=self.config.raft_addr,
+            state=state,
+            leader=leader,
+            term=st["raft_term"],
+            commit_index=st["commit_idx"],
+            applied_index=st["last_applied"],
+            has_quorum=bool(st["has_quorum"]),
+            raft_thread_alive=True,
+            partners=tuple(sorted(partners, key=lambda m: m.raft_addr)),
+            last_snapshot_index=self._snap.last_index,
+            seconds_without_leader=0.0 if self._leaderless_since is None else now - self._leaderless_since,
+        )
+        with self._status_lock:
+            self._cached = status
+
+    def _log_transition(self, state: str, leader: str | None, term: int) -> None:
+        if state == "leader":
+            log.info("this node became leader (term %d)", term)
+        elif leader is None:
+            log.warning("no leader (term %d, this node is %s): writes wait for an election", term, state)
+        elif self._last_state == "leader":
+            log.warning("this node lost leadership; now %s of %s (term %d)", state, leader, term)
+        else:
+            log.info("following leader %s (term %d)", leader, term)
+
+    def status(self) -> NodeStatus:
+        with self._status_lock:
+            cached = self._cached
+        host = self._host
+        alive = bool(host is not None and host.tick_thread_alive())
+        if cached is None:
+            return NodeStatus(
+                raft_addr=self.config.raft_addr, state="unknown", leader=None, term=0,
+                commit_index=0, applied_index=0, has_quorum=False, raft_thread_alive=alive,
+            )
+        if cached.raft_thread_alive != alive:
+            cached = replace(cached, raft_thread_alive=alive)
+        return cached

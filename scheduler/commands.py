@@ -1,0 +1,222 @@
+"""One frozen dataclass per state transition, each under a stable tag.
+
+Everything a transition needs that is not in the log already (times, the
+proposing leader and its term, the chosen nodes) travels inside the command:
+``apply`` reads no clock. Times are integer microseconds since the Unix epoch
+(``*_us``), so replicas never round a float differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+from raftlog.codec import CodecError, decode, encode
+
+__all__ = [
+    "Command", "RegisterNode", "PutJob", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
+    "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
+    "ReportLost", "Noop", "Rejected", "COMMANDS", "encode_command", "decode_command",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    TAG: ClassVar[str] = ""
+    at_us: int  # proposer's clock when it decided
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Noop(Command):
+    """The leader barrier: once applied, every earlier claim is visible."""
+
+    TAG: ClassVar[str] = "noop"
+    node: str = ""
+    term: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterNode(Command):
+    TAG: ClassVar[str] = "register_node"
+    node_id: str
+    raft_addr: str
+    http_addr: str
+    tags: dict[str, str] = field(default_factory=dict)
+    allow_shell: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PutJob(Command):
+    """Create or replace a job. ``expect_version``: None upsert, 0 create only, n compare-and-set."""
+
+    TAG: ClassVar[str] = "put_job"
+    spec: dict[str, Any]
+    expect_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteJob(Command):
+    TAG: ClassVar[str] = "delete_job"
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseJob(Command):
+    TAG: ClassVar[str] = "pause_job"
+    name: str
+    paused: bool
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """One decision about one slot.
+
+    ``status`` is ``claimed`` (dispatch to ``node``), or ``skipped`` /
+    ``missed`` / ``failed`` (recorded, not dispatched; ``reason`` says why).
+    ``retry_of`` names the run a retry or a replay follows.
+    """
+
+    job: str
+    slot_us: int
+    trigger: str  # schedule | catchup | manual | retry | dependency | replay
+    status: str = "claimed"
+    node: str | None = None
+    attempt: int = 1
+    reason: str | None = None
+    retry_of: str | None = None
+    cause: str | None = None  # dependency: the upstream run id; manual: the request key
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimSlots(Command):
+    """All decisions of one leader tick, in one entry."""
+
+    TAG: ClassVar[str] = "claim_slots"
+    leader: str
+    term: int
+    claims: tuple[Claim, ...]
+    cancel: tuple[str, ...] = ()  # run ids replaced (concurrency: replace)
+    # More slots than are worth a record each (a cluster stopped for a day under
+    # an every-second job): ``{job, status, count, first_us, last_us, reason}``;
+    # they advance the job past ``last_us`` and are counted, not listed.
+    summaries: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartRuns(Command):
+    TAG: ClassVar[str] = "start_runs"
+    node: str
+    runs: tuple[str, ...]
+    started_us: dict[str, int]
+    lease_until_us: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RenewLeases(Command):
+    TAG: ClassVar[str] = "renew_leases"
+    node: str
+    runs: tuple[str, ...]
+    lease_until_us: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinishRuns(Command):
+    """Results of attempts, each ``{run_id, status, started_us, finished_us, exit_code,
+    http_status, output, error}``."""
+
+    TAG: ClassVar[str] = "finish_runs"
+    node: str
+    results: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpireRuns(Command):
+    """The leader found these attempts' leases lapsed: they become ``lost``."""
+
+    TAG: ClassVar[str] = "expire_runs"
+    leader: str
+    term: int
+    runs: tuple[str, ...]
+    reason: str = "lease expired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportLost(Command):
+    """A restarted node reports the attempts it held before it died."""
+
+    TAG: ClassVar[str] = "report_lost"
+    node: str
+    runs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRun(Command):
+    TAG: ClassVar[str] = "cancel_run"
+    run_id: str
+    reason: str = "cancelled by an operator"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteDeadLetter(Command):
+    TAG: ClassVar[str] = "delete_dead_letter"
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A command apply refused: the same value on every replica, never an exception."""
+
+    code: str  # invalid | not_found | conflict | stale | internal
+    message: str
+
+
+COMMANDS: dict[str, type[Command]] = {
+    c.TAG: c
+    for c in (
+        Noop, RegisterNode, PutJob, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
+        FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter,
+    )
+}
+
+
+def encode_command(cmd: Command) -> bytes:
+    data: dict[str, Any] = {}
+    for f in fields(cmd):
+        value = getattr(cmd, f.name)
+        if f.name == "claims":
+            value = [c.to_wire() for c in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        data[f.name] = value
+    return encode(cmd.TAG, data)
+
+
+def decode_command(raw: bytes) -> Command:
+    """Bytes to a command; raises CodecError naming what is wrong."""
+    env = decode(raw)
+    cls = COMMANDS.get(env.tag)
+    if cls is None:
+        raise CodecError(f"unknown command tag {env.tag!r}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in env.data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise CodecError(f"command {env.tag!r} lacks field {f.name!r}")
+            continue
+        value = env.data[f.name]
+        if f.name == "claims":
+            try:
+                value = tuple(Claim(**c) for c in value)
+            except TypeError as exc:
+                raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    unknown = set(env.data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
+    return cls(**kwargs)

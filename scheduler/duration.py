@@ -1,0 +1,127 @@
+"""Durations and instants as users write them.
+
+A duration is a whole number of seconds written ``90s``, ``5m``, ``1h30m`` or
+``2d``: units ``d h m s``, each at most once and in that order. A plain
+integer (``90`` or ``"90"``) means seconds. Sub-second durations are not
+supported. ``format_duration`` writes the canonical form (``5400 -> "1h30m"``)
+and ``parse_duration(format_duration(x)) == x`` for every valid ``x``.
+
+An instant is RFC 3339 with an offset or ``Z``; inside raftcron it is an aware
+UTC ``datetime`` and it is written back as ``2026-12-01T10:00:00Z`` (fraction
+only when present), the same text ``executors.base.rfc3339`` produces.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+
+__all__ = [
+    "MAX_DURATION",
+    "parse_duration",
+    "format_duration",
+    "parse_instant",
+    "format_instant",
+]
+
+MAX_DURATION = 100 * 365 * 86400
+"""Longest accepted duration (about 100 years): keeps datetime arithmetic in range."""
+
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_INSTANT_RE = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds in ``value`` (``"1h30m"``, ``"90s"``, ``90``), as a float.
+
+    Raises ``ValueError`` for anything else: negative, fractional, empty,
+    unknown units, units out of order, booleans, or more than ``MAX_DURATION``.
+    """
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like '90s', '5m' or '1h30m', not a boolean")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.isdigit() and text.isascii():
+            seconds = int(text)
+        else:
+            m = _DURATION_RE.fullmatch(text)
+            if not text or m is None:
+                raise ValueError(f"invalid duration {value!r}: use e.g. '90s', '5m', '1h30m', '2d'")
+            seconds = sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS) if g)
+    else:
+        raise ValueError("must be a duration like '90s', '5m' or '1h30m'")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"must be at most {format_duration(MAX_DURATION)}")
+    return float(seconds)
+
+
+def format_duration(seconds: float) -> str:
+    """Canonical text of a whole number of seconds: ``0s``, ``90 -> 1m30s``, ``2d1h``."""
+    if not math.isfinite(seconds) or seconds < 0 or not float(seconds).is_integer():
+        raise ValueError(f"not a whole non-negative number of seconds: {seconds!r}")
+    rest = int(seconds)
+    if rest == 0:
+        return "0s"
+    parts = []
+    for unit, mult in _UNITS:
+        n, rest = divmod(rest, mult)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts)
+
+
+def parse_instant(value: object) -> datetime:
+    """An aware UTC datetime from RFC 3339 text with an offset (or an aware datetime).
+
+    Fractions beyond microseconds are truncated. Raises ``ValueError``.
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("must carry a UTC offset")
+        return value.astimezone(timezone.utc)
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string")
+    m = _INSTANT_RE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError(
+            f"invalid RFC 3339 timestamp {value!r}: use e.g. '2026-12-01T10:00:00Z' or "
+            "'2026-12-01T11:00:00+01:00'"
+        )
+    year, month, day, hour, minute, second, frac, off = m.groups()
+    micro = int((frac or "").ljust(6, "0")[:6])
+    if off in ("Z", "z"):
+        tz = timezone.utc
+    else:
+        sign = -1 if off[0] == "-" else 1
+        oh, om = int(off[1:3]), int(off[4:6])
+        if oh > 23 or om > 59:
+            raise ValueError(f"invalid UTC offset in {value!r}")
+        tz = timezone(sign * timedelta(hours=oh, minutes=om))
+    try:
+        t = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
+        )
+        return t.astimezone(timezone.utc)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"invalid RFC 3339 timestamp {value!r}: {exc}") from exc
+
+
+def format_instant(t: datetime) -> str:
+    """``2026-12-01T10:00:00Z``; ``.ffffffZ`` only when there are microseconds."""
+    if t.tzinfo is None:
+        raise ValueError("naive datetime: instants must be aware")
+    t = t.astimezone(timezone.utc)
+    text = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+    if t.microsecond:
+        text += f".{t.microsecond:06d}"
+    return text + "Z"

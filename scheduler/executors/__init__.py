@@ -1,0 +1,22 @@
+"""Executors: run one attempt of one slot, on this node, to an outcome."""
+
+from __future__ import annotations
+
+from .base import OUTPUT_CAP, Attempt, Executor, Outcome, OutcomeStatus, identity, rfc3339
+from .http import MATCH_CAP, HttpExecutor
+from .shell import DISABLED_ERROR, OutputTail, ShellExecutor
+
+__all__ = [
+    "Attempt",
+    "Outcome",
+    "OutcomeStatus",
+    "Executor",
+    "OUTPUT_CAP",
+    "MATCH_CAP",
+    "DISABLED_ERROR",
+    "identity",
+    "rfc3339",
+    "HttpExecutor",
+    "ShellExecutor",
+    "OutputTail",
+]

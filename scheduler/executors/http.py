@@ -1,0 +1,215 @@
+"""The HTTP executor: one attempt is one request, judged by its status and body.
+
+aiohttp client failures are translated into a readable ``error`` here, the one
+place they enter; they never leave as exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import re
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from .base import Attempt, Outcome, OutcomeStatus, identity
+from .shell import OutputTail
+
+__all__ = ["HttpExecutor", "MATCH_CAP"]
+
+MATCH_CAP = 1024 * 1024
+"""Bytes from the start of the body that ``expect_body`` is searched in: a response
+may be arbitrarily large and the executor never buffers more than a bounded amount."""
+
+_CHUNK = 64 * 1024
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(slots=True)
+class _Response:
+    """What came back so far; filled in as it arrives so a timeout keeps what was seen."""
+
+    head_cap: int
+    status: int | None = None
+    charset: str = "utf-8"
+    head: bytearray = field(default_factory=bytearray)
+    tail: OutputTail = field(default_factory=OutputTail)
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        self.tail.feed(chunk)
+
+    def output(self) -> str:
+        return self.tail.text(self.charset)
+
+
+class HttpExecutor:
+    """Runs ``http`` jobs over one lazily created aiohttp session; ``await close()`` it."""
+
+    def __init__(self, *, now: Callable[[], datetime] = _utcnow) -> None:
+        self._now = now
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Created here, inside the running loop, not in __init__.
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                # Jobs share the session: cookies set for one must not reach another.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # The attempt's own deadline is the only timeout (aiohttp's default is 5 min).
+                timeout=aiohttp.ClientTimeout(total=None),
+                # The scheduler bounds concurrency; a connector cap would silently queue attempts.
+                connector=aiohttp.TCPConnector(limit=0),
+                headers={"User-Agent": "raftcron"},
+            )
+        return self._session
+
+    async def run(self, attempt: Attempt) -> Outcome:
+        started = self._now()
+        spec = attempt.spec
+        try:
+            pattern = _compile(spec.get("expect_body"))
+        except re.error as exc:
+            # Judged before sending: never fire a side effect whose result cannot be judged.
+            return self._outcome(started, OutcomeStatus.FAILED, error=f"invalid expect_body regex: {exc}")
+        response = _Response(head_cap=MATCH_CAP if pattern else 0)
+        try:
+            async with asyncio.timeout(attempt.timeout):
+                await self._exchange(attempt, response)
+        except TimeoutError:
+            error = f"timed out after {attempt.timeout:g}s"
+            return self._outcome(started, OutcomeStatus.TIMED_OUT, response, error=error)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            error = _describe(exc, spec["url"])
+            return self._outcome(started, OutcomeStatus.FAILED, response, error=error)
+        verdict = _judge(response, spec.get("expect_status") or [], pattern)
+        status = OutcomeStatus.FAILED if verdict else OutcomeStatus.SUCCEEDED
+        return self._outcome(started, status, response, error=verdict)
+
+    async def _exchange(self, attempt: Attempt, response: _Response) -> None:
+        spec = attempt.spec
+        body: str | None = spec.get("body")
+        async with self._client().request(
+            spec.get("method") or "POST",
+            spec["url"],
+            headers=_headers(attempt),
+            data=body.encode("utf-8") if body is not None else None,
+        ) as resp:
+            response.status = resp.status
+            response.charset = _charset(resp.charset)
+            try:
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    response.feed(chunk)
+            except BaseException:
+                resp.close()  # drop the connection: a half-read body cannot go back to the pool
+                raise
+
+    def _outcome(
+        self,
+        started: datetime,
+        status: OutcomeStatus,
+        response: _Response | None = None,
+        *,
+        error: str | None,
+    ) -> Outcome:
+        extra: dict[str, Any] = {}
+        if response is not None and response.status is not None:
+            extra["output_bytes"] = response.tail.total
+        return Outcome(
+            status=status,
+            started_at=started,
+            finished_at=self._now(),
+            http_status=response.status if response else None,
+            output=response.output() if response else "",
+            error=error,
+            extra=extra,
+        )
+
+
+def _compile(expect_body: str | None) -> re.Pattern[str] | None:
+    return re.compile(expect_body) if expect_body is not None else None
+
+
+def _headers(attempt: Attempt) -> dict[str, str]:
+    """The job's headers, then the identity, which the job cannot override in any case."""
+    ident = identity(attempt)
+    reserved = {name.lower() for name in ident}
+    job: dict[str, str] = attempt.spec.get("headers") or {}
+    headers = {k: str(v) for k, v in job.items() if k.lower() not in reserved}
+    headers.update(ident)
+    return headers
+
+
+def _charset(declared: str | None) -> str:
+    if declared:
+        try:
+            return codecs.lookup(declared).name
+        except LookupError:
+            pass  # a charset Python does not know: read it as utf-8 rather than fail
+    return "utf-8"
+
+
+def _judge(response: _Response, expect_status: list[int], pattern: re.Pattern[str] | None) -> str | None:
+    """Why the response is a failure, or None when it is a success."""
+    status = response.status
+    assert status is not None  # the exchange completed
+    if expect_status:
+        if status not in expect_status:
+            wanted = ", ".join(str(s) for s in expect_status)
+            return f"unexpected status {status} (expected {wanted})"
+    elif not 200 <= status < 300:
+        return f"unexpected status {status} (expected 2xx)"
+    if pattern is not None:
+        text = bytes(response.head).decode(response.charset, errors="replace")
+        if pattern.search(text) is None:
+            return f"body does not match expect_body regex {pattern.pattern!r}"
+    return None
+
+
+def _describe(exc: BaseException, url: str) -> str:
+    """One readable line for a request that got no usable response."""
+    where = _display(url)
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate error: {exc.certificate_error}: {where}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_error = exc.os_error
+        if isinstance(os_error, ConnectionRefusedError):
+            return f"connection refused: {where}"
+        if isinstance(os_error, socket.gaierror):
+            return f"cannot resolve host {exc.host!r} ({os_error.strerror}): {where}"
+        if isinstance(os_error, ssl.SSLError):
+            return f"TLS error: {os_error.reason or os_error}: {where}"
+        return f"cannot connect: {os_error.strerror or os_error}: {where}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return f"server disconnected: {where}"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"invalid url: {where}"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"bad response: {exc.message}: {where}"
+    return f"request failed: {str(exc) or type(exc).__name__}: {where}"
+
+
+def _display(url: str) -> str:
+    # An error message ends up in the run ledger: keep passwords in URLs out of it.
+    try:
+        parsed = URL(url)
+    except (TypeError, ValueError):
+        return url
+    return str(parsed.with_password(None)) if parsed.password else url

@@ -1,0 +1,312 @@
+"""The shell executor: one attempt is one process group on this node.
+
+The child leads its own session (``start_new_session=True``), so everything it
+forks stays in a group we can signal as a whole. The attempt ends when the
+child exits; whatever it left running in its group is then stopped too, so no
+attempt outlives its run record (``concurrency: forbid`` depends on that).
+Stopping is SIGTERM to the group, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from .base import OUTPUT_CAP, Attempt, Outcome, OutcomeStatus, identity
+
+__all__ = ["ShellExecutor", "OutputTail", "DISABLED_ERROR"]
+
+DISABLED_ERROR = "shell executor disabled on this node (start it with --allow-shell)"
+
+# Header name -> env var name, SPEC section 2; identity() is the single source of values.
+_ENV_NAMES = {
+    "Idempotency-Key": "RAFTCRON_IDEMPOTENCY_KEY",
+    "X-Raftcron-Run-Id": "RAFTCRON_RUN_ID",
+    "X-Raftcron-Job": "RAFTCRON_JOB",
+    "X-Raftcron-Slot": "RAFTCRON_SLOT",
+    "X-Raftcron-Attempt": "RAFTCRON_ATTEMPT",
+    "X-Raftcron-Fencing-Token": "RAFTCRON_FENCING_TOKEN",
+}
+
+_POLL = 0.05  # seconds between checks whether a signalled group has gone
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class OutputTail:
+    """The last ``cap`` bytes of a stream, kept in bounded memory however long it runs."""
+
+    def __init__(self, cap: int = OUTPUT_CAP) -> None:
+        self._cap = cap
+        self._buf = bytearray()
+        self.total = 0  # bytes seen, so a reader can tell the tail was cut
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self._buf += chunk[-self._cap :]
+        if len(self._buf) > self._cap:
+            del self._buf[: -self._cap]
+
+    @property
+    def retained(self) -> int:
+        return len(self._buf)
+
+    def text(self, encoding: str = "utf-8") -> str:
+        """The tail decoded with ``errors='replace'``, at most ``cap`` bytes once utf-8 encoded."""
+        data = bytes(self._buf)
+        if self.total > len(data) and encoding == "utf-8":
+            # The cut may have split a character: drop its orphaned continuation bytes.
+            data = data[_continuation_prefix(data) :]
+        text = data.decode(encoding, errors="replace")
+        encoded = text.encode("utf-8")
+        if len(encoded) <= self._cap:
+            return text
+        # Replacement characters (3 bytes each) or a non-utf-8 charset can grow the text.
+        return encoded[-self._cap :].decode("utf-8", errors="ignore")
+
+
+def _continuation_prefix(data: bytes) -> int:
+    n = 0
+    while n < min(3, len(data)) and data[n] & 0xC0 == 0x80:
+        n += 1
+    return n
+
+
+class _TailProtocol(asyncio.Protocol):
+    """Feeds the merged stdout/stderr pipe into an OutputTail as it arrives."""
+
+    def __init__(self, tail: OutputTail, closed: asyncio.Future[None]) -> None:
+        self._tail = tail
+        self._closed = closed
+
+    def data_received(self, data: bytes) -> None:
+        self._tail.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+
+class _Child:
+    """A started attempt: the process, and the read end of its output pipe."""
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        pipe: asyncio.ReadTransport,
+        eof: asyncio.Future[None],
+        tail: OutputTail,
+    ) -> None:
+        self.proc = proc
+        self.pipe = pipe
+        self.eof = eof
+        self.tail = tail
+
+    @property
+    def pgid(self) -> int:
+        # start_new_session: the child leads its own session and group, so pgid == pid.
+        return self.proc.pid
+
+
+class ShellExecutor:
+    """Runs ``shell`` jobs; with ``allow=False`` (no ``--allow-shell``) every attempt fails.
+
+    ``kill_grace`` is how long a group has between SIGTERM and SIGKILL, and how
+    long output is awaited from stragglers that escaped the group.
+    """
+
+    def __init__(
+        self,
+        allow: bool = True,
+        *,
+        kill_grace: float = 2.0,
+        now: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self._allow = allow
+        self._grace = kill_grace
+        self._now = now
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    async def run(self, attempt: Attempt) -> Outcome:
+        started = self._now()
+        if not self._allow:
+            return self._failed(started, DISABLED_ERROR)
+        spawned = await self._spawn(attempt)
+        if isinstance(spawned, str):
+            return self._failed(started, spawned)
+        child = spawned
+        timed_out = False
+        try:
+            async with asyncio.timeout(attempt.timeout):
+                await child.proc.wait()
+        except TimeoutError:
+            timed_out = True
+        finally:
+            # Every way out, cancellation (concurrency: replace, operator cancel) included.
+            await self._finish(child)
+        if timed_out:
+            return self._timed_out(started, child, attempt.timeout)
+        return self._exited(started, child)
+
+    async def _spawn(self, attempt: Attempt) -> _Child | str:
+        """Start the child, or say in one line why it could not start."""
+        spec = attempt.spec
+        argv = _argv(spec.get("command"))
+        if not argv:
+            return "empty command"
+        cwd: str | None = spec.get("cwd")
+        tail = OutputTail()
+        loop = asyncio.get_running_loop()
+        eof: asyncio.Future[None] = loop.create_future()
+        # Our own pipe rather than asyncio's PIPE: a straggler that escaped the group
+        # may hold the write end forever, and we must be able to close our end.
+        read_fd, write_fd = os.pipe()
+        reader = os.fdopen(read_fd, "rb", buffering=0)
+        try:
+            pipe, _ = await loop.connect_read_pipe(lambda: _TailProtocol(tail, eof), reader)
+        except BaseException:
+            reader.close()
+            os.close(write_fd)
+            raise
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                env=_environment(attempt),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except BaseException as exc:
+            pipe.close()
+            if isinstance(exc, (OSError, ValueError)):
+                return _spawn_error(exc, argv[0], cwd)
+            raise
+        finally:
+            os.close(write_fd)  # the child holds its copy; EOF comes when all writers exit
+        return _Child(proc, pipe, eof, tail)
+
+    async def _finish(self, child: _Child) -> None:
+        # Cancelled again while stopping? The stop must still run to its end or the group
+        # outlives the attempt; keep a reference so the task is not garbage-collected.
+        task = asyncio.ensure_future(self._stop_and_collect(child))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        await asyncio.shield(task)
+
+    async def _stop_and_collect(self, child: _Child) -> None:
+        """Stop what is left of the group, collect the last output, close the pipe."""
+        try:
+            await self._stop_group(child)
+            await asyncio.wait([child.eof], timeout=self._grace)
+        finally:
+            child.pipe.close()
+
+    async def _stop_group(self, child: _Child) -> None:
+        # After the leader is reaped its pid could in theory be reused; the kernel keeps
+        # it reserved while any process still has it as its pgid, which is the case
+        # whenever there is something left to signal.
+        if not _signal_group(child.pgid, signal.SIGTERM):
+            return
+        _signal_group(child.pgid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+        if await _group_gone(child.pgid, self._grace):
+            return
+        _signal_group(child.pgid, signal.SIGKILL)
+        # SIGKILL cannot be ignored, but a process in uninterruptible sleep dies late: bound it.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._grace):
+                await child.proc.wait()
+
+    def _exited(self, started: datetime, child: _Child) -> Outcome:
+        code = child.proc.returncode
+        assert code is not None  # proc.wait() returned
+        error: str | None = None
+        if code < 0:
+            error = f"killed by signal {_signal_name(-code)}"
+            code = 128 - code  # what a shell reports as $?, and Kubernetes as exitCode
+        elif code > 0:
+            error = f"exit code {code}"
+        return Outcome(
+            status=OutcomeStatus.SUCCEEDED if error is None else OutcomeStatus.FAILED,
+            started_at=started,
+            finished_at=self._now(),
+            exit_code=code,
+            output=child.tail.text(),
+            error=error,
+            extra={"output_bytes": child.tail.total},
+        )
+
+    def _timed_out(self, started: datetime, child: _Child, timeout: float) -> Outcome:
+        return Outcome(
+            status=OutcomeStatus.TIMED_OUT,
+            started_at=started,
+            finished_at=self._now(),
+            output=child.tail.text(),
+            error=f"timed out after {timeout:g}s",
+            extra={"output_bytes": child.tail.total},
+        )
+
+    def _failed(self, started: datetime, error: str) -> Outcome:
+        return Outcome(status=OutcomeStatus.FAILED, started_at=started, finished_at=self._now(), error=error)
+
+
+def _argv(command: Any) -> list[str]:
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", command] if command.strip() else []
+    return [str(part) for part in command or []]
+
+
+def _environment(attempt: Attempt) -> dict[str, str]:
+    """The agent's environment, then the job's, then the identity, which nothing overrides."""
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (attempt.spec.get("env") or {}).items()})
+    env.update({_ENV_NAMES[name]: value for name, value in identity(attempt).items()})
+    return env
+
+
+def _spawn_error(exc: OSError | ValueError, executable: str, cwd: str | None) -> str:
+    if isinstance(exc, ValueError):  # e.g. an env name with '=' or a NUL byte
+        return f"cannot start {executable!r}: {exc}"
+    reason = exc.strerror or str(exc)
+    # subprocess reports a failed chdir with the cwd as the filename.
+    if cwd is not None and exc.filename == cwd:
+        return f"cannot change to directory {cwd!r}: {reason}"
+    return f"cannot run {executable!r}: {reason}"
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal the group (0: only check it exists); False once nothing of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a member changed its uid (setuid binary): it exists, we cannot signal it
+    return True
+
+
+async def _group_gone(pgid: int, within: float) -> bool:
+    # No pidfd exists for a process group, so poll; signal 0 only checks existence.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while _signal_group(pgid, 0):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL)
+    return True
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,180 @@
+"""The leader loop: runs only while this node leads.
+
+Barrier first (invariant 3): a no-op is committed and applied before anything
+is planned, so every claim an earlier leader committed is visible. Then a
+timer heap of each job's next decision time drives ``planner.plan_job``: no
+scan of all jobs per tick. Everything one tick decides goes into as few
+``ClaimSlots`` entries as the size cap allows. The loop ends the moment a
+commit says this node no longer leads, or the agent cancels it on a
+leadership change; being "leader" is never a lock, only a committed claim is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .clock import Clock
+from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
+from .errors import RaftcronError
+from .model import Job
+from .planner import PlanConfig, dependency_claims, due_retries, expired_runs, from_us, plan_job
+from .service import Service
+from .state import Applied
+
+__all__ = ["LeaderLoop", "LeaderConfig"]
+
+log = logging.getLogger("raftcron.leader")
+MAX_CLAIMS_PER_COMMAND = 400  # keeps each entry well under pysyncobj's 64 KiB message comfort zone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderConfig:
+    tick: float = 0.05
+    lease: float = 5.0
+    plan: PlanConfig = PlanConfig()
+
+
+class LeaderLoop:
+    def __init__(self, service: Service, clock: Clock, cfg: LeaderConfig, live: Callable[[], set[str]]) -> None:
+        self.svc = service
+        self.state = service.state
+        self.clock = clock
+        self.cfg = cfg
+        self.live = live
+        self._heap: list[tuple[int, str]] = []
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self.claimed_total = 0
+
+    # ---- notifications from applied entries (event-loop thread) ----------------
+
+    def notify(self, applied: Applied) -> None:
+        cmd = applied.command
+        if isinstance(cmd, PutJob):
+            self._dirty.add(str(applied.result.get("name")))
+        elif isinstance(cmd, (PauseJob, DeleteJob)):
+            self._dirty.add(cmd.name)
+        else:
+            return
+        self._wake.set()
+
+    # ---- the loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        term = await self._barrier()
+        if term is None:
+            return
+        led_since = self.clock.monotonic()
+        log.info("leader loop started after barrier (term %d)", term)
+        now = self.svc.now_us()
+        for name in list(self.state.jobs):
+            heapq.heappush(self._heap, (now, name))
+        while self.svc.node.is_leader():
+            try:
+                await self._tick(led_since)
+            except RaftcronError as exc:
+                log.warning("leader tick could not commit: %s", exc)
+                if not self.svc.node.is_leader():
+                    break
+                await asyncio.sleep(self.cfg.tick)
+            await self._sleep()
+        log.info("leader loop stopped: this node no longer leads")
+
+    async def _barrier(self) -> int | None:
+        while self.svc.node.is_leader():
+            term = self.svc.node.status().term
+            try:
+                result, _ = await self.svc.propose(Noop(at_us=self.svc.now_us(), node=self.svc.node_id, term=term))
+                if not isinstance(result, Rejected):
+                    return term
+            except RaftcronError as exc:
+                log.info("barrier not committed yet: %s", exc)
+            await asyncio.sleep(self.cfg.tick)
+        return None
+
+    async def _sleep(self) -> None:
+        wait = self.cfg.tick
+        if self._heap:
+            wait = min(wait, max(0.0, (self._heap[0][0] - self.svc.now_us()) / 1e6))
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), wait)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _tick(self, led_since: float) -> None:
+        now = self.svc.now_us()
+        names = set(self._dirty)
+        self._dirty.clear()
+        while self._heap and self._heap[0][0] <= now:
+            names.add(heapq.heappop(self._heap)[1])
+        live = self.live()
+        picker = self.svc.picker(live)
+        active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for r in active:
+            by_job.setdefault(r["job"], []).append(r)
+        claims: list[Claim] = []
+        summaries: list[dict[str, Any]] = []
+        cancel: list[str] = []
+        next_due: dict[str, int | None] = {}
+        jobs: dict[str, Job] = {}
+        for name in sorted(names):
+            job, rec = self.state.job(name), self.state.jobs.get(name)
+            if job is None or rec is None:
+                continue
+            plan = plan_job(job, rec, by_job.get(name, []), now, self.cfg.plan, picker)
+            claims += plan.claims
+            summaries += plan.summaries
+            cancel += plan.cancel
+            next_due[name] = plan.next_due_us
+        for r in active:
+            if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
+                jobs[r["job"]] = j
+        claims += due_retries(active, jobs, now, picker)
+        pending = list(self.state.pending_deps.values())
+        dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
+        claims += dependency_claims(pending, dep_jobs, picker)
+        ok = await self._commit(claims, summaries, cancel, now)
+        for name, due in next_due.items():
+            if not ok:
+                due = now + int(self.cfg.tick * 1e6)
+            if due is not None:
+                heapq.heappush(self._heap, (due, name))
+        if self.clock.monotonic() - led_since >= self.cfg.lease:
+            expired = expired_runs(active, now, self.cfg.plan)
+            if expired:
+                log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
+                await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id,
+                                                  term=self.svc.node.status().term, runs=tuple(expired)))
+
+    async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int) -> bool:
+        if not (claims or summaries or cancel):
+            return True
+        term = self.svc.node.status().term
+        ok = True
+        for start in range(0, max(len(claims), 1), MAX_CLAIMS_PER_COMMAND):
+            chunk = tuple(claims[start : start + MAX_CLAIMS_PER_COMMAND])
+            first = start == 0
+            cmd = ClaimSlots(at_us=now, leader=self.svc.node_id, term=term, claims=chunk,
+                             cancel=tuple(cancel) if first else (), summaries=tuple(summaries) if first else ())
+            result, _ = await self.svc.propose(cmd)
+            if isinstance(result, Rejected):
+                log.error("claim entry refused: %s", result.message)
+                ok = False
+                continue
+            self.claimed_total += len(result["runs"])
+            for r in result["runs"]:
+                log.info("decided %s slot %s: %s%s", r["job"], us_to_text(r["slot_us"]), r["status"],
+                         f" on {r['node']}" if r["node"] else f" ({r['error']})")
+            if result["refused"]:
+                log.info("%d claim(s) refused by the state: %s", len(result["refused"]), result["refused"][:3])
+        return ok
+
+
+def us_to_text(v: int) -> str:
+    return from_us(v).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,333 @@
+"""Run-ledger transitions, called only from ``State.apply`` (deterministic, never raising).
+
+A run record is one attempt of one slot. Records are replaced, never mutated
+in place. Statuses (SPEC section 2):
+
+    claimed -> running -> succeeded | failed | timed_out | retrying | dead
+    claimed | running -> lost (lease expired / node restarted) -> retried or final
+    claimed | running | retrying | lost -> cancelled
+    skipped | missed | failed: recorded straight from a claim, never dispatched
+
+Invariant 2 lives in ``_admissible``: a schedule or catch-up slot at or before
+the job's last decided slot is refused, so however many leaders propose, each
+slot is decided once. The fencing token is ``index * 65536 + position``: the
+log index of the claiming entry and the claim's place in it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .commands import CancelRun, ClaimSlots, Claim, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
+
+if TYPE_CHECKING:
+    from .state import State
+
+__all__ = [
+    "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "reset_future",
+    "drop_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
+]
+
+ACTIVE = frozenset({"claimed", "running", "retrying", "lost"})
+TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled", "skipped", "missed", "dead", "lost"})
+SCHEDULED = frozenset({"schedule", "catchup"})
+MAX_CLAIMS_PER_ENTRY = 65536
+OUTPUT_CAP = 8192
+"""Bytes of output kept per run; the executors cap at the same size (a test holds them equal).
+Not imported from scheduler.executors, which would pull sockets into the pure state machine."""
+LOSS_ATTEMPTS = 5
+"""Under at-least-once a lost attempt is retried until this many attempts (or retries.max + 1 if larger)."""
+
+
+def token_of(index: int, position: int) -> int:
+    return index * MAX_CLAIMS_PER_ENTRY + position
+
+
+def run_id_of(token: int) -> str:
+    return f"r{token:x}"
+
+
+# ---- claims ----------------------------------------------------------------
+
+
+def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
+    created: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
+    fanned: set[tuple[str, int]] = set()  # target.count > 1: one slot, several nodes, one entry
+    for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
+        why = _admissible(state, c, fanned)
+        if why is not None:
+            refused.append({"job": c.job, "slot_us": c.slot_us, "trigger": c.trigger, "reason": why})
+            continue
+        token = token_of(index, pos)
+        run = {
+            "id": run_id_of(token), "job": c.job, "slot_us": c.slot_us, "attempt": c.attempt,
+            "trigger": c.trigger, "status": c.status, "node": c.node if c.status == "claimed" else None,
+            "claimed_us": cmd.at_us, "started_us": None, "finished_us": None, "lease_us": None,
+            "exit_code": None, "http_status": None, "output": "", "error": c.reason,
+            "token": token, "term": cmd.term, "leader": cmd.leader, "retry_of": c.retry_of,
+            "next": None, "cause": c.cause, "retry_at_us": None, "outcome": None,
+        }
+        _record(state, run, c)
+        if c.trigger in SCHEDULED:
+            fanned.add((c.job, c.slot_us))
+        created.append(run)
+    cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
+    for s in cmd.summaries:
+        _summarise(state, s, cmd.at_us)
+    return {"runs": created, "refused": refused, "cancelled": cancelled}
+
+
+def _admissible(state: State, c: Claim, fanned: set[tuple[str, int]]) -> str | None:
+    rec = state.jobs.get(c.job)
+    if rec is None:
+        return "no such job"
+    if c.status == "claimed" and c.node not in state.nodes:
+        return f"unknown node {c.node!r}"
+    if c.trigger in SCHEDULED:
+        last = rec["last_slot_us"]
+        if last is not None and c.slot_us <= last and (c.job, c.slot_us) not in fanned:
+            return "slot already decided"
+        return None
+    if c.trigger in ("retry", "replay"):
+        prev = state.runs.get(c.retry_of or "")
+        if prev is None or prev["job"] != c.job or prev["next"] is not None or prev["slot_us"] != c.slot_us:
+            return "not the current attempt of its slot"
+        if c.trigger == "retry" and (prev["status"] not in ("retrying", "lost") or prev["id"] not in state.active):
+            return f"run {prev['id']} is {prev['status']}, not awaiting a retry"
+        if c.trigger == "replay" and prev["id"] not in state.dead:
+            return f"run {prev['id']} is not a dead letter"
+        return None
+    if c.trigger == "manual":
+        if any(state.runs[r]["cause"] == c.cause for r in state.job_runs.get(c.job, ())):
+            return "this manual request was already recorded"
+        return None
+    if c.trigger == "dependency":
+        if f"{c.job}|{c.cause}" not in state.pending_deps:
+            return "no pending dependency trigger"
+        return None
+    return f"unknown trigger {c.trigger!r}"
+
+
+def _record(state: State, run: dict[str, Any], c: Claim) -> None:
+    rid, job = run["id"], run["job"]
+    state.runs[rid] = run
+    state.job_runs.setdefault(job, []).append(rid)
+    rec = state.jobs[job]
+    if c.trigger in SCHEDULED:
+        rec = {**rec, "last_slot_us": c.slot_us}
+    if c.retry_of:
+        prev = state.runs[c.retry_of]
+        state.runs[c.retry_of] = {**prev, "next": rid}
+        state.active.pop(c.retry_of, None)
+        state.dead.pop(c.retry_of, None)
+    if c.trigger == "dependency":
+        state.pending_deps.pop(f"{c.job}|{c.cause}", None)
+    if run["status"] == "claimed":
+        state.active[rid] = None
+    elif run["status"] == "failed":
+        rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
+    state.jobs[job] = rec
+    _trim(state, job)
+
+
+def _summarise(state: State, s: dict[str, Any], at_us: int) -> None:
+    rec = state.jobs.get(s.get("job", ""))
+    if rec is None:
+        return
+    last = rec["last_slot_us"]
+    new_last = s["last_us"] if last is None else max(last, s["last_us"])
+    missed = int(s["count"]) if s.get("status") == "missed" else 0
+    state.jobs[s["job"]] = {**rec, "last_slot_us": new_last, "missed_total": rec["missed_total"] + missed}
+    state.note(s["job"], {"at_us": at_us, "decision": s.get("status", "skipped"), "count": int(s["count"]),
+                          "first_us": s["first_us"], "last_us": s["last_us"], "reason": s.get("reason")})
+
+
+# ---- attempts --------------------------------------------------------------
+
+
+def start(state: State, cmd: StartRuns) -> dict[str, Any]:
+    started, stale = [], []
+    for rid in cmd.runs:
+        run = state.runs.get(rid)
+        if run is None or run["status"] != "claimed" or run["node"] != cmd.node:
+            stale.append(rid)
+            continue
+        state.runs[rid] = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
+                           "lease_us": cmd.lease_until_us}
+        started.append(rid)
+    return {"started": started, "stale": stale}
+
+
+def renew(state: State, cmd: RenewLeases) -> dict[str, Any]:
+    stale = []
+    for rid in cmd.runs:
+        run = state.runs.get(rid)
+        if run is None or run["status"] != "running" or run["node"] != cmd.node:
+            stale.append(rid)
+            continue
+        if (run["lease_us"] or 0) < cmd.lease_until_us:
+            state.runs[rid] = {**run, "lease_us": cmd.lease_until_us}
+    return {"stale": stale}
+
+
+def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
+    finished, stale = [], []
+    for r in cmd.results:
+        rid = r.get("run_id", "")
+        run = state.runs.get(rid)
+        if run is None:
+            stale.append(rid)
+            continue
+        if run["node"] == cmd.node and run["finished_us"] == r.get("finished_us") and run["outcome"] == r.get("status"):
+            continue  # the same result resubmitted after an unknown outcome: already recorded
+        if run["status"] not in ("claimed", "running") or run["node"] != cmd.node:
+            # Principle 5: a late result is recorded but decides nothing.
+            state.runs[rid] = {**run, "late_result": {"status": r.get("status"), "finished_us": r.get("finished_us")}}
+            stale.append(rid)
+            continue
+        finished.append(_finish_one(state, run, r))
+    return {"finished": finished, "stale": stale}
+
+
+def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+    job = state.job(run["job"])
+    rec = state.jobs[run["job"]]
+    outcome = str(r.get("status"))
+    started = run["started_us"] or r.get("started_us") or run["claimed_us"]
+    finished = int(r.get("finished_us") or started)
+    new = {
+        **run, "started_us": started, "finished_us": finished, "exit_code": r.get("exit_code"),
+        "http_status": r.get("http_status"), "output": _cap(r.get("output") or ""), "error": r.get("error"),
+        "outcome": outcome, "lease_us": None,
+    }
+    failures = rec["consecutive_failures"]
+    if outcome == "succeeded":
+        new["status"], failures = "succeeded", 0
+    else:
+        failures += 1
+        retries = job.retries if job is not None else None
+        if retries is not None and run["attempt"] <= retries.max:
+            delay = min(retries.backoff * retries.factor ** (run["attempt"] - 1), retries.max_backoff)
+            new["status"], new["retry_at_us"] = "retrying", finished + int(delay * 1_000_000)
+        elif retries is not None and retries.max > 0:
+            new["status"] = "dead"
+            state.dead[run["id"]] = None
+        else:
+            new["status"] = outcome if outcome in ("failed", "timed_out") else "failed"
+    state.runs[run["id"]] = new
+    if new["status"] != "retrying":
+        state.active.pop(run["id"], None)
+        _trigger_dependents(state, new)
+    state.jobs[run["job"]] = {**rec, "consecutive_failures": failures}
+    return new
+
+
+def _trigger_dependents(state: State, run: dict[str, Any]) -> None:
+    ok = run["status"] == "succeeded"
+    for name in state.jobs:
+        job = state.job(name)
+        dep = job.depends_on if job is not None else None
+        if dep is None or dep.job != run["job"]:
+            continue
+        if str(dep.on) == "any" or (str(dep.on) == "success") == ok:
+            state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
+
+
+def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None) -> dict[str, Any]:
+    lost = []
+    for rid in run_ids:
+        run = state.runs.get(rid)
+        if run is None or run["status"] not in ("claimed", "running") or (node is not None and run["node"] != node):
+            continue
+        job = state.job(run["job"])
+        new = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
+        at_least_once = job is not None and str(job.delivery) == "at-least-once"
+        limit = max(LOSS_ATTEMPTS, (job.retries.max + 1) if job is not None else 1)
+        if at_least_once and run["attempt"] < limit:
+            new["retry_at_us"] = at_us
+        else:
+            state.active.pop(rid, None)
+            if at_least_once:
+                new["status"] = "dead"
+                new["error"] = f"{reason}; gave up after {run['attempt']} attempts"
+                state.dead[rid] = None
+        state.runs[rid] = new
+        lost.append(new)
+    return {"lost": lost}
+
+
+def cancel(state: State, cmd: CancelRun) -> Any:
+    run = state.runs.get(cmd.run_id)
+    if run is None:
+        return Rejected("not_found", f"no run with id {cmd.run_id!r}")
+    if not _cancel_one(state, cmd.run_id, cmd.at_us, cmd.reason):
+        return Rejected("conflict", f"run {cmd.run_id} is {run['status']}; only claimed, running or retrying runs can be cancelled")
+    return {"cancelled": state.runs[cmd.run_id]}
+
+
+def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
+    run = state.runs.get(rid)
+    if run is None or rid not in state.active:
+        return False
+    state.active.pop(rid, None)
+    state.runs[rid] = {**run, "status": "cancelled", "error": reason, "finished_us": at_us, "lease_us": None}
+    return True
+
+
+def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:
+    if cmd.run_id not in state.dead:
+        return Rejected("not_found", f"no dead letter with id {cmd.run_id!r}")
+    del state.dead[cmd.run_id]
+    state.runs[cmd.run_id] = {**state.runs[cmd.run_id], "dead_deleted": True}
+    _trim(state, state.runs[cmd.run_id]["job"])
+    return {"deleted": cmd.run_id}
+
+
+def reset_future(state: State, job: str, at_us: int, reason: str) -> list[str]:
+    """A changed or paused job: claims for slots after ``at_us`` that have not started are void."""
+    cancelled = [
+        rid for rid in list(state.active)
+        if (run := state.runs[rid])["job"] == job and run["status"] == "claimed"
+        and run["trigger"] in SCHEDULED and run["slot_us"] > at_us
+        and _cancel_one(state, rid, at_us, reason)
+    ]
+    rec = state.jobs[job]
+    if rec["last_slot_us"] is None or rec["last_slot_us"] > at_us:
+        # Decided up to the change: the new spec's slots start after it.
+        state.jobs[job] = {**rec, "last_slot_us": at_us}
+    return cancelled
+
+
+def drop_history(state: State, job: str) -> int:
+    ids = state.job_runs.pop(job, [])
+    for rid in ids:
+        state.runs.pop(rid, None)
+        state.active.pop(rid, None)
+        state.dead.pop(rid, None)
+    return len(ids)
+
+
+def _trim(state: State, job_name: str) -> None:
+    """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
+    job = state.job(job_name)
+    keep = job.history.keep if job is not None else 100
+    ids = state.job_runs.get(job_name, [])
+    excess = len(ids) - keep
+    if excess <= 0:
+        return
+    kept = []
+    for rid in ids:
+        if excess > 0 and rid not in state.active and rid not in state.dead:
+            state.runs.pop(rid, None)
+            excess -= 1
+        else:
+            kept.append(rid)
+    state.job_runs[job_name] = kept
+
+
+def _cap(text: str) -> str:
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= OUTPUT_CAP:
+        return text
+    return raw[-OUTPUT_CAP:].decode("utf-8", "ignore")

@@ -1,0 +1,249 @@
+"""The job document (SPEC section 1): typed, validated, canonical.
+
+``parse_job(doc)`` checks every field and raises one ``ValidationFailed``
+naming every problem by its dotted field path (``http.url``, ``retries.max``,
+``labels.team``, ``shell.command[1]``); a document that is not an object is
+reported on the field ``"$"``. ``null`` means "not given" everywhere: the
+default applies, or ``is required`` is reported.
+
+``Job.to_doc()`` is the canonical document: every default filled in, keys in
+a fixed order, maps sorted by key, durations as ``1h30m``, instants as RFC 3339
+UTC (``...Z``), enums as their strings. Only the section of the job's executor
+(``http`` or ``shell``) is present. ``parse_job(job.to_doc()) == job`` always
+holds; this canonical document is what the replicated state stores and the API
+returns. ``parse_job`` is deterministic (the state machine calls it in apply).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from scheduler.duration import format_duration, format_instant
+from scheduler.errors import ValidationFailed
+from scheduler.fields import Fields, Problems
+from scheduler.jobrules import check_label_key, check_label_value, check_name, check_timezone
+from scheduler.schedule import MANUAL, Schedule, parse_schedule
+from scheduler.sections import (
+    DEFAULT_ALERT_EVENTS,
+    HTTP_METHODS,
+    AlertEvent,
+    Alerts,
+    Catchup,
+    CatchupPolicy,
+    Concurrency,
+    Delivery,
+    DependsOn,
+    DependsOnCondition,
+    ExecutorKind,
+    History,
+    HttpSpec,
+    Retries,
+    ShellSpec,
+    Target,
+    parse_alerts,
+    parse_catchup,
+    parse_depends_on,
+    parse_history,
+    parse_http,
+    parse_retries,
+    parse_shell,
+    parse_target,
+)
+
+__all__ = [
+    "ExecutorKind",
+    "Concurrency",
+    "Delivery",
+    "CatchupPolicy",
+    "DependsOnCondition",
+    "AlertEvent",
+    "HTTP_METHODS",
+    "DEFAULT_ALERT_EVENTS",
+    "HttpSpec",
+    "ShellSpec",
+    "Retries",
+    "Catchup",
+    "Target",
+    "DependsOn",
+    "Alerts",
+    "History",
+    "Job",
+    "parse_job",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A validated job. Treat the dict fields as read-only."""
+
+    name: str
+    description: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    schedule: Schedule
+    timezone: str = "UTC"
+    paused: bool = False
+    starts_at: datetime | None = None  # aware UTC; no slot before it
+    ends_at: datetime | None = None  # aware UTC; no slot after it
+    executor: ExecutorKind
+    http: HttpSpec | None = None
+    shell: ShellSpec | None = None
+    timeout: float = 3600.0
+    retries: Retries = field(default_factory=Retries)
+    concurrency: Concurrency = Concurrency.ALLOW
+    delivery: Delivery = Delivery.AT_LEAST_ONCE
+    catchup: Catchup = field(default_factory=Catchup)
+    target: Target = field(default_factory=Target)
+    depends_on: DependsOn | None = None
+    alerts: Alerts = field(default_factory=Alerts)
+    history: History = field(default_factory=History)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def spec_doc(self) -> dict[str, Any]:
+        """The executor's section (``http`` or ``shell``) as a canonical document."""
+        spec = self.http if self.executor is ExecutorKind.HTTP else self.shell
+        assert spec is not None
+        return spec.to_doc()
+
+    def next_slot(self, after: datetime, *, anchor: datetime) -> datetime | None:
+        """The first slot strictly after ``after`` inside ``[starts_at, ends_at]``.
+
+        ``anchor`` is the job's creation instant (for ``@every``). ``paused`` is
+        not considered: a paused job still has slots, they are skipped.
+        """
+        if self.starts_at is not None and after < self.starts_at:
+            after = self.starts_at - timedelta(microseconds=1)
+        slot = self.schedule.next_after(after, self.tz, anchor)
+        if slot is None or (self.ends_at is not None and slot > self.ends_at):
+            return None
+        return slot
+
+    def to_doc(self) -> dict[str, Any]:
+        """The canonical document (see the module docstring)."""
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "labels": dict(sorted(self.labels.items())),
+            "schedule": self.schedule.expr,
+            "timezone": self.timezone,
+            "paused": self.paused,
+            "starts_at": None if self.starts_at is None else format_instant(self.starts_at),
+            "ends_at": None if self.ends_at is None else format_instant(self.ends_at),
+            "executor": self.executor.value,
+        }
+        doc[self.executor.value] = self.spec_doc()
+        doc.update(
+            timeout=format_duration(self.timeout),
+            retries=self.retries.to_doc(),
+            concurrency=self.concurrency.value,
+            delivery=self.delivery.value,
+            catchup=self.catchup.to_doc(),
+            target=self.target.to_doc(),
+            depends_on=None if self.depends_on is None else self.depends_on.to_doc(),
+            alerts=self.alerts.to_doc(),
+            history=self.history.to_doc(),
+        )
+        return doc
+
+
+_JOB_FIELDS = (
+    "name", "description", "labels", "schedule", "timezone", "paused", "starts_at", "ends_at",
+    "executor", "http", "shell", "timeout", "retries", "concurrency", "delivery", "catchup",
+    "target", "depends_on", "alerts", "history",
+)  # fmt: skip
+
+
+def parse_job(doc: object, *, name: str | None = None) -> Job:
+    """Validate a job document; raise ``ValidationFailed`` listing every problem.
+
+    ``name`` is the name from the URL: a document naming another job is an
+    error on ``name``; a document without a name takes it.
+    """
+    problems = Problems()
+    f = Fields.open(doc, "", _JOB_FIELDS, problems)
+    if f is None:
+        raise ValidationFailed(problems.items)
+    job_name = _parse_name(f, name)
+    description = f.string("description", "", max_len=2048) or ""
+    labels = f.string_map("labels", check_key=check_label_key, check_value=check_label_value)
+    schedule = _parse_schedule(f, has_dependency=f.has("depends_on"))
+    timezone = f.checked("timezone", check_timezone) or "UTC"
+    paused = f.boolean("paused", False)
+    starts_at, ends_at = f.instant("starts_at"), f.instant("ends_at")
+    if starts_at is not None and ends_at is not None and ends_at <= starts_at:
+        f.error("ends_at", "must be after starts_at")
+    executor, http, shell = _parse_executor(f)
+    job = Job(
+        name=job_name,
+        description=description,
+        labels=labels,
+        schedule=schedule,
+        timezone=timezone,
+        paused=paused,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        executor=executor,
+        http=http,
+        shell=shell,
+        timeout=f.duration("timeout", 3600.0, positive=True),
+        retries=parse_retries(f),
+        concurrency=f.choice("concurrency", Concurrency, Concurrency.ALLOW),
+        delivery=f.choice("delivery", Delivery, Delivery.AT_LEAST_ONCE),
+        catchup=parse_catchup(f),
+        target=parse_target(f),
+        depends_on=parse_depends_on(f, job_name),
+        alerts=parse_alerts(f),
+        history=parse_history(f),
+    )
+    if problems:
+        raise ValidationFailed(problems.items)
+    return job
+
+
+def _parse_executor(f: Fields) -> tuple[ExecutorKind, HttpSpec | None, ShellSpec | None]:
+    """``executor`` and its section; the other section must be absent."""
+    executor = f.required_choice("executor", ExecutorKind)
+    for kind in ExecutorKind:
+        if executor is not None and executor is not kind and f.has(kind.value):
+            f.error(kind.value, f"must be absent when executor is {executor.value}")
+        elif executor is kind and not f.has(kind.value):
+            f.missing(kind.value, f"is required when executor is {kind.value}")
+    # With no valid executor both sections are still checked, to report all we can.
+    http = parse_http(f) if executor in (ExecutorKind.HTTP, None) else None
+    shell = parse_shell(f) if executor in (ExecutorKind.SHELL, None) else None
+    return executor or ExecutorKind.HTTP, http, shell
+
+
+def _parse_name(f: Fields, url_name: str | None) -> str:
+    doc_name = f.string("name")
+    if doc_name is None and f.has("name"):
+        return url_name or ""  # wrong type, already reported
+    if doc_name is None and url_name is None:
+        f.missing("name")
+        return ""
+    if doc_name is not None and url_name is not None and doc_name != url_name:
+        f.error("name", f"does not match the name in the URL ({url_name!r})")
+        return url_name
+    chosen = doc_name if doc_name is not None else url_name
+    assert chosen is not None
+    if problem := check_name(chosen):
+        f.error("name", problem)
+    return chosen
+
+
+def _parse_schedule(f: Fields, *, has_dependency: bool) -> Schedule:
+    text = f.string("schedule")
+    if text is None:
+        if not f.has("schedule") and not has_dependency:
+            f.missing("schedule", "is required (or give depends_on)")
+        return MANUAL
+    try:
+        return parse_schedule(text)
+    except ValueError as exc:
+        f.error("schedule", str(exc))
+        return MANUAL

@@ -1,0 +1,236 @@
+"""Pure planning: (state, now) -> decisions. No clock, no I/O, no asyncio.
+
+The leader calls these each tick and commits what they return. The state is
+read the way the event loop must read it while the raft thread applies:
+single lookups of never-mutated records, and ``list(...)`` copies (one C call,
+atomic under the GIL) before iterating.
+
+Decisions per job, walking its slots from the last decided one (invariant 6):
+
+- a slot due within the claim horizon is claimed ahead (trigger ``schedule``)
+  for ``concurrency: allow`` jobs; ``forbid`` and ``replace`` jobs are decided
+  only once the slot is due, since whether the previous run is still going
+  is only known then;
+- a slot older than ``late_grace`` was not dispatched in time (no leader):
+  inside the catch-up window it is run (``all``; ``latest``: only the newest)
+  or skipped (``none``), beyond the window it is ``missed``;
+- a paused job's slots are ``skipped``;
+- long stretches (a day of an every-second job) are summarised: the newest
+  ``max_records`` slots get a record each, the rest one summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable
+
+from .commands import Claim
+from .model import Job
+
+__all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "due_retries",
+           "expired_runs", "dependency_claims", "us", "from_us"]
+
+UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
+
+
+def us(t: datetime) -> int:
+    """Aware datetime -> integer microseconds since the epoch, exactly."""
+    return (t - _EPOCH) // _ONE_US
+
+
+def from_us(v: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=v)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    tags: dict[str, str]
+    allow_shell: bool
+    live: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig:
+    horizon_us: int = 2_000_000
+    late_grace_us: int = 2_000_000
+    max_walk: int = 5_000  # slots walked per job per tick; the rest next tick
+    max_records: int = 50  # individual missed/skipped records per stretch
+    start_deadline_us: int = 10_000_000  # a claim not started this long after its slot is lost
+    lease_grace_us: int = 2_000_000
+
+
+@dataclass(slots=True)
+class JobPlan:
+    claims: list[Claim] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    cancel: list[str] = field(default_factory=list)
+    next_due_us: int | None = None  # when this job next needs the planner
+
+
+class Picker:
+    """Chooses executor nodes: matching tags, live, shell-capable when needed, least loaded."""
+
+    def __init__(self, nodes: Iterable[NodeInfo], load: dict[str, int]) -> None:
+        self._nodes = sorted(nodes, key=lambda n: n.node_id)
+        self._load = dict(load)
+
+    def pick(self, job: Job, avoid: str | None = None, count: int = 1) -> tuple[list[str], str | None]:
+        want = dict(job.target.tags)
+        shell = str(job.executor) == "shell"
+        fit = [n for n in self._nodes if n.live and all(n.tags.get(k) == v for k, v in want.items())]
+        if not fit:
+            return [], f"no live node matches target tags {want}" if want else "no live node"
+        if shell:
+            fit = [n for n in fit if n.allow_shell]
+            if not fit:
+                return [], "no live node allows shell jobs (start one with --allow-shell)"
+        fit.sort(key=lambda n: (n.node_id == avoid, self._load.get(n.node_id, 0), n.node_id))
+        chosen = [n.node_id for n in fit[:count]]
+        for nid in chosen:
+            self._load[nid] = self._load.get(nid, 0) + 1
+        return chosen, None
+
+
+def next_slot_us(job: Job, anchor_us: int, after_us: int) -> int | None:
+    """The first slot of ``job`` strictly after ``after_us``, inside starts_at/ends_at."""
+    after = from_us(after_us)
+    if job.starts_at is not None and after < job.starts_at:
+        after = job.starts_at - _ONE_US
+    slot = job.schedule.next_after(after, job.tz, from_us(anchor_us))
+    if slot is None or (job.ends_at is not None and slot > job.ends_at):
+        return None
+    return us(slot)
+
+
+def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us: int,
+             cfg: PlanConfig, picker: Picker) -> JobPlan:
+    plan = JobPlan()
+    decide_ahead = str(job.concurrency) == "allow" and not job.paused
+    limit = now_us + (cfg.horizon_us if decide_ahead else 0)
+    anchor = rec["created_us"]
+    last = rec["last_slot_us"] if rec["last_slot_us"] is not None else anchor
+    slots: list[int] = []
+    cursor = last
+    while len(slots) < cfg.max_walk:
+        s = next_slot_us(job, anchor, cursor)
+        if s is None or s > limit:
+            plan.next_due_us = None if s is None else (s - cfg.horizon_us if decide_ahead else s)
+            break
+        slots.append(s)
+        cursor = s
+    else:
+        plan.next_due_us = now_us  # more to walk next tick
+    if not slots:
+        return plan
+    late = [s for s in slots if s < now_us - cfg.late_grace_us]
+    timely = slots[len(late):]
+    if job.paused:
+        _record(plan, job, slots, "skipped", "schedule", "the job is paused", cfg)
+        return plan
+    window_start = now_us - int(job.catchup.window * 1_000_000)
+    beyond = [s for s in late if s < window_start]
+    within = late[len(beyond):]
+    _record(plan, job, beyond, "missed", "catchup",
+            "no leader could dispatch it, and it is older than the catch-up window", cfg)
+    policy = str(job.catchup.policy)
+    if policy == "all":
+        run_late = within
+    elif policy == "latest":
+        run_late = within[-1:]
+        _record(plan, job, within[:-1], "skipped", "catchup", "catch-up policy latest runs only the newest", cfg)
+    else:
+        run_late = []
+        _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
+    busy = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
+    for s in run_late:
+        _dispatch(plan, job, s, "catchup", busy, picker)
+    for s in timely:
+        _dispatch(plan, job, s, "schedule", busy, picker)
+    return plan
+
+
+def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[str, Any]], picker: Picker) -> None:
+    mode = str(job.concurrency)
+    if busy and mode == "forbid":
+        plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, status="skipped",
+                                 reason=f"concurrency forbid: run {busy[0]['id']} is still {busy[0]['status']}"))
+        return
+    if busy and mode == "replace":
+        plan.cancel.extend(r["id"] for r in busy if r["id"] not in plan.cancel)
+    nodes, why = picker.pick(job, count=job.target.count)
+    if not nodes:
+        plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, status="failed", reason=why))
+        return
+    for n in nodes:
+        plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, node=n))
+    if mode != "allow":
+        busy.append({"id": "(this tick)", "status": "claimed"})
+
+
+def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str, reason: str,
+            cfg: PlanConfig) -> None:
+    if not slots:
+        return
+    keep = min(cfg.max_records, job.history.keep)
+    older, recent = slots[:-keep] if len(slots) > keep else [], slots[-keep:]
+    if older:
+        plan.summaries.append({"job": job.name, "status": status, "count": len(older),
+                               "first_us": older[0], "last_us": older[-1], "reason": reason})
+    for s in recent:
+        plan.claims.append(Claim(job=job.name, slot_us=s, trigger=trigger, status=status, reason=reason))
+
+
+def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, picker: Picker) -> list[Claim]:
+    """Attempts waiting for a retry (failed with retries left, or lost under at-least-once)."""
+    claims = []
+    for run in runs:
+        if run["status"] not in ("retrying", "lost") or run["next"] is not None:
+            continue
+        if run["retry_at_us"] is None or run["retry_at_us"] > now_us:
+            continue
+        job = jobs.get(run["job"])
+        if job is None:
+            continue
+        nodes, why = picker.pick(job, avoid=run["node"])
+        base = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
+                    retry_of=run["id"])
+        if nodes:
+            claims.append(Claim(node=nodes[0], **base))  # type: ignore[arg-type]
+        else:
+            claims.append(Claim(status="failed", reason=why, **base))  # type: ignore[arg-type]
+    return claims
+
+
+def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig) -> list[str]:
+    """Invariant 4: a lease lapsed by the leader's clock plus a grace, or a claim never started."""
+    out = []
+    for run in runs:
+        if run["status"] == "running" and run["lease_us"] is not None:
+            if run["lease_us"] + cfg.lease_grace_us < now_us:
+                out.append(run["id"])
+        elif run["status"] == "claimed" and run["slot_us"] + cfg.start_deadline_us < now_us:
+            out.append(run["id"])
+    return out
+
+
+def dependency_claims(pending: list[dict[str, Any]], jobs: dict[str, Job], picker: Picker) -> list[Claim]:
+    claims = []
+    for dep in pending:
+        job = jobs.get(dep["job"])
+        if job is None:
+            continue
+        base = dict(job=dep["job"], slot_us=dep["slot_us"], trigger="dependency", cause=dep["upstream"])
+        if job.paused:
+            claims.append(Claim(status="skipped", reason="the job is paused", **base))  # type: ignore[arg-type]
+            continue
+        nodes, why = picker.pick(job)
+        if nodes:
+            claims.append(Claim(node=nodes[0], **base))  # type: ignore[arg-type]
+        else:
+            claims.append(Claim(status="failed", reason=why, **base))  # type: ignore[arg-type]
+    return claims
+

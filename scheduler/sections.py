@@ -1,0 +1,304 @@
+"""The sections of a job document: enums, typed sections and their parsers.
+
+Each section is a frozen dataclass with a ``to_doc()`` giving its canonical
+document, and a ``parse_<section>(f)`` reading it from the job document with
+field-path errors (see ``scheduler.fields``). ``scheduler.model`` assembles
+them into a ``Job``; import them from there.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.duration import format_duration
+from scheduler.fields import Fields
+from scheduler.jobrules import (
+    check_cwd,
+    check_env_name,
+    check_env_value,
+    check_header_name,
+    check_header_value,
+    check_name,
+    check_regex,
+    check_tag_key,
+    check_url,
+    parse_command,
+)
+
+__all__ = [
+    "ExecutorKind",
+    "Concurrency",
+    "Delivery",
+    "CatchupPolicy",
+    "DependsOnCondition",
+    "AlertEvent",
+    "HTTP_METHODS",
+    "DEFAULT_ALERT_EVENTS",
+    "HttpSpec",
+    "ShellSpec",
+    "Retries",
+    "Catchup",
+    "Target",
+    "DependsOn",
+    "Alerts",
+    "History",
+    "parse_http",
+    "parse_shell",
+    "parse_retries",
+    "parse_catchup",
+    "parse_target",
+    "parse_depends_on",
+    "parse_alerts",
+    "parse_history",
+]
+
+
+class ExecutorKind(enum.StrEnum):
+    HTTP = "http"
+    SHELL = "shell"
+
+
+class Concurrency(enum.StrEnum):
+    ALLOW = "allow"
+    FORBID = "forbid"
+    REPLACE = "replace"
+
+
+class Delivery(enum.StrEnum):
+    AT_LEAST_ONCE = "at-least-once"
+    AT_MOST_ONCE = "at-most-once"
+
+
+class CatchupPolicy(enum.StrEnum):
+    NONE = "none"
+    LATEST = "latest"
+    ALL = "all"
+
+
+class DependsOnCondition(enum.StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    ANY = "any"
+
+
+class AlertEvent(enum.StrEnum):
+    """Declaration order is the canonical order of ``alerts.on``."""
+
+    FAILURE = "failure"
+    RECOVERY = "recovery"
+    MISSED = "missed"
+    DEAD = "dead"
+    LATE = "late"
+    DURATION = "duration"
+    DUPLICATE = "duplicate"
+
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+DEFAULT_ALERT_EVENTS = (AlertEvent.FAILURE, AlertEvent.RECOVERY, AlertEvent.MISSED, AlertEvent.DEAD)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpSpec:
+    url: str
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=dict)
+    body: str | None = None
+    expect_status: tuple[int, ...] = ()  # sorted, unique; empty: any 2xx
+    expect_body: str | None = None  # a regex searched in the response body
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "method": self.method,
+            "headers": dict(sorted(self.headers.items())),
+            "body": self.body,
+            "expect_status": list(self.expect_status),
+            "expect_body": self.expect_body,
+        }
+
+    def status_ok(self, status: int) -> bool:
+        return status in self.expect_status if self.expect_status else 200 <= status <= 299
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShellSpec:
+    command: tuple[str, ...] | str  # argv, or a string for /bin/sh -c
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        command: list[str] | str = (
+            self.command if isinstance(self.command, str) else list(self.command)
+        )
+        return {"command": command, "env": dict(sorted(self.env.items())), "cwd": self.cwd}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retries:
+    max: int = 0
+    backoff: float = 10.0
+    factor: float = 2.0
+    max_backoff: float = 300.0
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
+        return min(self.max_backoff, self.backoff * self.factor ** max(0, retry - 1))
+
+    def to_doc(self) -> dict[str, Any]:
+        factor: float = int(self.factor) if self.factor.is_integer() else self.factor
+        return {
+            "max": self.max,
+            "backoff": format_duration(self.backoff),
+            "factor": factor,
+            "max_backoff": format_duration(self.max_backoff),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Catchup:
+    policy: CatchupPolicy = CatchupPolicy.LATEST
+    window: float = 3600.0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"policy": self.policy.value, "window": format_duration(self.window)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    tags: dict[str, str] = field(default_factory=dict)
+    count: int = 1
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"tags": dict(sorted(self.tags.items())), "count": self.count}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DependsOn:
+    job: str
+    on: DependsOnCondition = DependsOnCondition.SUCCESS
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"job": self.job, "on": self.on.value}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alerts:
+    webhook: str | None = None
+    on: tuple[AlertEvent, ...] = DEFAULT_ALERT_EVENTS  # unique, in AlertEvent order
+    after_failures: int = 1
+    late_after: float = 60.0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "webhook": self.webhook,
+            "on": [e.value for e in self.on],
+            "after_failures": self.after_failures,
+            "late_after": format_duration(self.late_after),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class History:
+    keep: int = 100
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"keep": self.keep}
+
+
+def parse_http(f: Fields) -> HttpSpec | None:
+    s = f.section("http", ("url", "method", "headers", "body", "expect_status", "expect_body"))
+    if s is None:
+        return None
+    url = s.checked("url", check_url, required=True)
+    method = s.string("method", "POST") or "POST"
+    if method.upper() not in HTTP_METHODS:
+        s.error("method", f"must be one of {', '.join(HTTP_METHODS)}, not {method!r}")
+    return HttpSpec(
+        url=url or "",
+        method=method.upper(),
+        headers=s.string_map(
+            "headers", check_key=check_header_name, check_value=check_header_value
+        ),
+        body=s.string("body"),
+        expect_status=s.int_set("expect_status", lo=100, hi=599),
+        expect_body=s.checked("expect_body", check_regex),
+    )
+
+
+def parse_shell(f: Fields) -> ShellSpec | None:
+    s = f.section("shell", ("command", "env", "cwd"))
+    if s is None:
+        return None
+    return ShellSpec(
+        command=parse_command(s),
+        env=s.string_map("env", check_key=check_env_name, check_value=check_env_value),
+        cwd=s.checked("cwd", check_cwd),
+    )
+
+
+def parse_retries(f: Fields) -> Retries:
+    s = f.section("retries", ("max", "backoff", "factor", "max_backoff"))
+    if s is None:
+        return Retries()
+    retries = Retries(
+        max=s.integer("max", 0, lo=0, hi=100),
+        backoff=s.duration("backoff", 10.0),
+        factor=s.number("factor", 2.0, lo=1),
+        max_backoff=s.duration("max_backoff", 300.0),
+    )
+    if retries.max_backoff < retries.backoff:
+        s.error("max_backoff", "must be at least backoff")
+    return retries
+
+
+def parse_catchup(f: Fields) -> Catchup:
+    s = f.section("catchup", ("policy", "window"))
+    if s is None:
+        return Catchup()
+    return Catchup(
+        policy=s.choice("policy", CatchupPolicy, CatchupPolicy.LATEST),
+        window=s.duration("window", 3600.0),
+    )
+
+
+def parse_target(f: Fields) -> Target:
+    s = f.section("target", ("tags", "count"))
+    if s is None:
+        return Target()
+    return Target(
+        tags=s.string_map("tags", check_key=check_tag_key), count=s.integer("count", 1, lo=1)
+    )
+
+
+def parse_depends_on(f: Fields, job_name: str) -> DependsOn | None:
+    s = f.section("depends_on", ("job", "on"))
+    if s is None:
+        return None
+    dep = s.string("job", required=True)
+    if dep is not None and (problem := check_name(dep)):
+        s.error("job", problem)
+    elif dep is not None and dep == job_name:
+        s.error("job", "a job cannot depend on itself")
+    on = s.choice("on", DependsOnCondition, DependsOnCondition.SUCCESS)
+    return DependsOn(job=dep or "", on=on)
+
+
+def parse_alerts(f: Fields) -> Alerts:
+    s = f.section("alerts", ("webhook", "on", "after_failures", "late_after"))
+    if s is None:
+        return Alerts()
+    return Alerts(
+        webhook=s.checked("webhook", check_url),
+        on=s.enum_set("on", AlertEvent, DEFAULT_ALERT_EVENTS),
+        after_failures=s.integer("after_failures", 1, lo=1),
+        late_after=s.duration("late_after", 60.0),
+    )
+
+
+def parse_history(f: Fields) -> History:
+    s = f.section("history", ("keep",))
+    if s is None:
+        return History()
+    return History(keep=s.integer("keep", 100, lo=1, hi=10000))

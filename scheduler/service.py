@@ -1,0 +1,185 @@
+"""The write path shared by the API and the agent: propose a command, wait for
+its commit, translate what came back into the error tree.
+
+Every command is idempotent (jobs by name and content, claims by slot or
+request key, cancels by run id), so when Raft answers "outcome unknown" the
+same command is proposed again; a refusal that only says "that already
+happened" after such a retry is answered as the success it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Callable
+
+from raftlog import Bridge, NotCommitted, UnknownOutcome
+from raftlog.node import RaftNode
+
+from .clock import Clock
+from .commands import (
+    CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, PauseJob, PutJob, Rejected,
+    encode_command,
+)
+from .errors import Conflict, NotFound, OutcomeUnknown, RaftcronError, Unavailable, ValidationFailed
+from .model import Job
+from .planner import NodeInfo, Picker, us
+from .state import Applied, State
+
+__all__ = ["Service"]
+
+log = logging.getLogger("raftcron.service")
+
+_REJECTIONS: dict[str, Callable[[str], RaftcronError]] = {
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "invalid": lambda m: ValidationFailed([{"field": "", "message": m}], m),
+}
+
+
+class Service:
+    def __init__(self, state: State, node: RaftNode, bridge: Bridge, clock: Clock, node_id: str,
+                 *, commit_timeout: float = 5.0) -> None:
+        self.state = state
+        self.node = node
+        self.bridge = bridge
+        self.clock = clock
+        self.node_id = node_id
+        self.commit_timeout = commit_timeout
+
+    def now_us(self) -> int:
+        return us(self.clock.now())
+
+    # ---- proposing -------------------------------------------------------------
+
+    async def propose(self, cmd: Command, *, attempts: int = 3) -> tuple[Any, bool]:
+        """Commit ``cmd``; returns (result, retried_after_unknown_outcome)."""
+        raw = encode_command(cmd)
+        retried = False
+        for attempt in range(attempts):
+            try:
+                result = await self.bridge.submit(raw, self.commit_timeout)
+                break
+            except NotCommitted as exc:
+                if attempt == attempts - 1:
+                    raise Unavailable(f"no leader can commit right now ({exc}); retry shortly") from exc
+                await self._await_leader(2.0)
+            except UnknownOutcome as exc:
+                if attempt == attempts - 1:
+                    raise OutcomeUnknown(f"the write may or may not be committed ({exc}); it is safe to repeat") from exc
+                retried = True
+                await self._await_leader(2.0)
+        if isinstance(result, Rejected):
+            return result, retried
+        if isinstance(result, Applied):
+            return result.result, retried
+        raise RaftcronError("the state machine could not apply the command; see the agent log")
+
+    async def add_member(self, raft_addr: str) -> None:
+        await self._membership(self.bridge.add_member(raft_addr))
+
+    async def remove_member(self, raft_addr: str) -> None:
+        await self._membership(self.bridge.remove_member(raft_addr))
+
+    @staticmethod
+    async def _membership(change: Any) -> None:
+        try:
+            await change
+        except NotCommitted as exc:
+            raise Unavailable(f"membership change not committed ({exc}); retry on the leader shortly") from exc
+        except UnknownOutcome as exc:
+            raise OutcomeUnknown(f"membership change unconfirmed ({exc}); check GET /v1/cluster") from exc
+
+    async def _await_leader(self, bound: float) -> None:
+        deadline = self.clock.monotonic() + bound
+        while self.node.leader() is None and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    @staticmethod
+    def _raise(rej: Rejected) -> None:
+        make = _REJECTIONS.get(rej.code)
+        raise (make(rej.message) if make else RaftcronError(rej.message))
+
+    # ---- jobs -------------------------------------------------------------------
+
+    async def put_job(self, job: Job, *, create_only: bool = False) -> dict[str, Any]:
+        cmd = PutJob(at_us=self.now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
+        result, retried = await self.propose(cmd)
+        if isinstance(result, Rejected):
+            rec = self.state.jobs.get(job.name)
+            if retried and result.code == "conflict" and rec is not None and rec["spec"] == cmd.spec:
+                return {"change": "created", "name": job.name, "version": rec["version"]}
+            self._raise(result)
+        return dict(result)
+
+    async def delete_job(self, name: str) -> None:
+        result, retried = await self.propose(DeleteJob(at_us=self.now_us(), name=name))
+        if isinstance(result, Rejected) and not (retried and result.code == "not_found"):
+            self._raise(result)
+
+    async def pause(self, name: str, paused: bool, note: str | None) -> None:
+        result, _ = await self.propose(PauseJob(at_us=self.now_us(), name=name, paused=paused, note=note))
+        if isinstance(result, Rejected):
+            self._raise(result)
+
+    # ---- runs ---------------------------------------------------------------------
+
+    def picker(self, live: set[str]) -> Picker:
+        nodes = [
+            NodeInfo(n["node_id"], dict(n["tags"]), bool(n["allow_shell"]), n["node_id"] in live)
+            for n in list(self.state.nodes.values())
+        ]
+        load: dict[str, int] = {}
+        for rid in list(self.state.active):
+            run = self.state.runs.get(rid)
+            if run is not None and run["node"]:
+                load[run["node"]] = load.get(run["node"], 0) + 1
+        return Picker(nodes, load)
+
+    async def run_now(self, name: str, live: set[str], *, trigger: str = "manual",
+                      retry_of: str | None = None) -> str:
+        job = self.state.job(name)
+        if job is None:
+            raise NotFound(f"no job named {name!r}")
+        key = uuid.uuid4().hex
+        now = self.now_us()
+        slot = now if retry_of is None else self.state.runs[retry_of]["slot_us"]
+        attempt = 1 if retry_of is None else self.state.runs[retry_of]["attempt"] + 1
+        nodes, why = self.picker(live).pick(job, count=job.target.count)
+        base: dict[str, Any] = dict(job=name, slot_us=slot, trigger=trigger, cause=key, retry_of=retry_of, attempt=attempt)
+        claims = tuple(Claim(node=n, **base) for n in nodes) or (Claim(status="failed", reason=why, **base),)
+        cmd = ClaimSlots(at_us=now, leader=f"api:{self.node_id}", term=self.node.status().term, claims=claims)
+        result, _ = await self.propose(cmd)
+        if isinstance(result, Rejected):
+            self._raise(result)
+        runs = result["runs"]
+        if not runs:
+            found = [r for r in self._job_runs(name) if r["cause"] == key]
+            if found:
+                return str(found[0]["id"])
+            raise Conflict(result["refused"][0]["reason"] if result["refused"] else "the run was refused")
+        return str(runs[0]["id"])
+
+    def _job_runs(self, name: str) -> list[dict[str, Any]]:
+        return [r for rid in list(self.state.job_runs.get(name, ())) if (r := self.state.runs.get(rid))]
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        result, retried = await self.propose(CancelRun(at_us=self.now_us(), run_id=run_id))
+        if isinstance(result, Rejected):
+            run = self.state.runs.get(run_id)
+            if retried and run is not None and run["status"] == "cancelled":
+                return dict(run)
+            self._raise(result)
+        return dict(result["cancelled"])
+
+    async def replay(self, run_id: str, live: set[str]) -> str:
+        run = self.state.runs.get(run_id)
+        if run is None or run_id not in self.state.dead:
+            raise NotFound(f"no dead letter with id {run_id!r}")
+        return await self.run_now(run["job"], live, trigger="replay", retry_of=run_id)
+
+    async def delete_dead(self, run_id: str) -> None:
+        result, retried = await self.propose(DeleteDeadLetter(at_us=self.now_us(), run_id=run_id))
+        if isinstance(result, Rejected) and not (retried and result.code == "not_found"):
+            self._raise(result)

@@ -1,0 +1,253 @@
+"""The replicated state machine: jobs, nodes and the run ledger.
+
+A spec, in the manner of hashicorp/raft's fsm.go: ``apply`` is deterministic
+(no clock, no randomness, no environment: times and choices travel inside the
+commands), never raises (a malformed or refused command is a ``Rejected``
+value, the same on every replica), and records values it never mutates in
+place afterwards (every change replaces the record), which is what makes
+``snapshot`` a cheap shallow capture that a thread can pack later.
+
+The run transitions themselves live in ``scheduler.ledger``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import msgpack
+
+from raftlog.codec import CodecError, pack
+from raftlog.fsm import ApplyContext
+
+from . import ledger
+from .commands import (
+    CancelRun, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
+    PauseJob, PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, decode_command,
+)
+from .errors import ValidationFailed
+from .model import Job, parse_job
+
+__all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION"]
+
+log = logging.getLogger("raftcron.state")
+SNAPSHOT_VERSION = 1
+_CHUNK = 2000  # records packed per chunk, so a snapshot thread yields the GIL often
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What an applied command did, handed to the leader loop, workers and alerts."""
+
+    command: Command
+    index: int
+    result: Any
+
+
+class State:
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.job_runs: dict[str, list[str]] = {}
+        self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
+        self.dead: dict[str, None] = {}
+        self.pending_deps: dict[str, dict[str, Any]] = {}
+        self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
+        self.applied_index = 0
+        self.last_noop: dict[str, Any] = {}
+        self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
+
+    # ---- the entry point ---------------------------------------------------
+
+    def apply(self, raw: bytes, ctx: ApplyContext) -> Applied | Rejected:
+        try:
+            cmd = decode_command(raw)
+        except CodecError as exc:
+            self.applied_index = ctx.index
+            return Rejected("invalid", f"entry {ctx.index} refused: {exc}")
+        except Exception as exc:  # noqa: BLE001 - malformed fields: same rejection everywhere
+            self.applied_index = ctx.index
+            return Rejected("invalid", f"entry {ctx.index} refused: {type(exc).__name__}: {exc}")
+        try:
+            result = self._dispatch(cmd, ctx.index)
+        except Exception as exc:  # noqa: BLE001 - a bug must not wedge the cluster; same on all replicas
+            log.exception("apply of %s at %d failed", cmd.TAG, ctx.index)
+            result = Rejected("internal", f"{type(exc).__name__}: {exc}")
+        self.applied_index = ctx.index
+        if isinstance(result, Rejected):
+            return result
+        return Applied(cmd, ctx.index, result)
+
+    def _dispatch(self, cmd: Command, index: int) -> Any:
+        match cmd:
+            case Noop():
+                self.last_noop = {"node": cmd.node, "term": cmd.term, "at_us": cmd.at_us, "index": index}
+                return None
+            case RegisterNode():
+                self.nodes[cmd.node_id] = {
+                    "node_id": cmd.node_id, "raft_addr": cmd.raft_addr, "http_addr": cmd.http_addr,
+                    "tags": dict(cmd.tags), "allow_shell": bool(cmd.allow_shell), "registered_us": cmd.at_us,
+                }
+                return None
+            case PutJob():
+                return self._put_job(cmd)
+            case DeleteJob():
+                return self._delete_job(cmd)
+            case PauseJob():
+                return self._pause_job(cmd)
+            case ClaimSlots():
+                return ledger.claim(self, cmd, index)
+            case StartRuns():
+                return ledger.start(self, cmd)
+            case RenewLeases():
+                return ledger.renew(self, cmd)
+            case FinishRuns():
+                return ledger.finish(self, cmd)
+            case ExpireRuns():
+                return ledger.expire(self, cmd.runs, cmd.at_us, cmd.reason, None)
+            case ReportLost():
+                return ledger.expire(self, cmd.runs, cmd.at_us, "its node restarted", cmd.node)
+            case CancelRun():
+                return ledger.cancel(self, cmd)
+            case DeleteDeadLetter():
+                return ledger.delete_dead(self, cmd)
+        return Rejected("invalid", f"no transition for {cmd.TAG!r}")
+
+    # ---- jobs ----------------------------------------------------------------
+
+    def job(self, name: str) -> Job | None:
+        """The parsed job; parsing is pure, so the cache is the same on every replica."""
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            rec = self.jobs.get(name)
+            if rec is None:
+                return None
+            parsed = parse_job(rec["spec"])
+            self._parsed[name] = parsed
+        return parsed
+
+    def _put_job(self, cmd: PutJob) -> Any:
+        try:
+            job = parse_job(cmd.spec)
+        except ValidationFailed as exc:
+            return Rejected("invalid", exc.message)
+        spec = job.to_doc()
+        old = self.jobs.get(job.name)
+        if cmd.expect_version == 0 and old is not None:
+            return Rejected("conflict", f"a job named {job.name!r} exists already")
+        if cmd.expect_version and (old is None or old["version"] != cmd.expect_version):
+            have = "no such job" if old is None else f"version {old['version']}"
+            return Rejected("conflict", f"job {job.name!r}: expected version {cmd.expect_version}, found {have}")
+        if old is not None and old["spec"] == spec:
+            return {"change": "unchanged", "name": job.name, "version": old["version"]}
+        if old is None:
+            rec = {
+                "spec": spec, "version": 1, "created_us": cmd.at_us, "updated_us": cmd.at_us,
+                "last_slot_us": None, "consecutive_failures": 0, "missed_total": 0, "pause_note": None,
+            }
+            self.job_runs[job.name] = []
+            change = "created"
+        else:
+            rec = {**old, "spec": spec, "version": old["version"] + 1, "updated_us": cmd.at_us}
+            change = "configured"
+        self.jobs[job.name] = rec
+        self._parsed[job.name] = job
+        cancelled = ledger.reset_future(self, job.name, cmd.at_us, "the job was changed") if old else []
+        return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
+
+    def _delete_job(self, cmd: DeleteJob) -> Any:
+        if cmd.name not in self.jobs:
+            return Rejected("not_found", f"no job named {cmd.name!r}")
+        del self.jobs[cmd.name]
+        self._parsed.pop(cmd.name, None)
+        removed = ledger.drop_history(self, cmd.name)
+        self.notes.pop(cmd.name, None)
+        for key in [k for k, d in self.pending_deps.items() if d["job"] == cmd.name]:
+            del self.pending_deps[key]
+        return {"deleted": cmd.name, "runs": removed}
+
+    def _pause_job(self, cmd: PauseJob) -> Any:
+        rec = self.jobs.get(cmd.name)
+        if rec is None:
+            return Rejected("not_found", f"no job named {cmd.name!r}")
+        spec = {**rec["spec"], "paused": cmd.paused}
+        changed = spec != rec["spec"]
+        self.jobs[cmd.name] = {
+            **rec, "spec": spec, "pause_note": cmd.note,
+            "version": rec["version"] + (1 if changed else 0),
+            "updated_us": cmd.at_us if changed else rec["updated_us"],
+        }
+        self._parsed.pop(cmd.name, None)
+        verb = "paused" if cmd.paused else "resumed"
+        self.note(cmd.name, {"at_us": cmd.at_us, "decision": verb, "reason": cmd.note or f"{verb} by an operator"})
+        cancelled = ledger.reset_future(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []
+        return {"name": cmd.name, "paused": cmd.paused, "version": self.jobs[cmd.name]["version"], "cancelled": cancelled}
+
+    def note(self, job: str, entry: dict[str, Any]) -> None:
+        notes = self.notes.setdefault(job, [])
+        notes.append(entry)
+        if len(notes) > 200:
+            del notes[: len(notes) - 200]
+
+    # ---- snapshot --------------------------------------------------------------
+
+    def snapshot(self) -> Iterator[bytes]:
+        """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
+        sections: list[tuple[str, list[Any]]] = [
+            ("meta", [{"v": SNAPSHOT_VERSION, "applied_index": self.applied_index, "last_noop": self.last_noop}]),
+            ("jobs", list(self.jobs.items())),
+            ("nodes", list(self.nodes.items())),
+            ("runs", list(self.runs.items())),
+            ("job_runs", [(k, list(v)) for k, v in self.job_runs.items()]),
+            ("active", list(self.active)),
+            ("dead", list(self.dead)),
+            ("pending_deps", list(self.pending_deps.items())),
+            ("notes", [(k, list(v)) for k, v in self.notes.items()]),
+        ]
+        return _pack_sections(sections)
+
+    def snapshot_bytes(self) -> bytes:
+        return b"".join(self.snapshot())
+
+    def restore(self, data: bytes) -> None:
+        sections: dict[str, list[Any]] = {}
+        for name, items in _unpack_sections(data):
+            sections.setdefault(name, []).extend(items)
+        meta = sections.get("meta", [{}])[0]
+        if meta.get("v") != SNAPSHOT_VERSION:
+            raise CodecError(
+                f"state snapshot version {meta.get('v')} is not understood (this build reads {SNAPSHOT_VERSION})"
+            )
+        self.__init__()  # type: ignore[misc] - restore discards all previous state
+        self.applied_index = meta["applied_index"]
+        self.last_noop = meta.get("last_noop") or {}
+        self.jobs = dict(sections.get("jobs", []))
+        self.nodes = dict(sections.get("nodes", []))
+        self.runs = dict(sections.get("runs", []))
+        self.job_runs = {k: list(v) for k, v in sections.get("job_runs", [])}
+        self.active = dict.fromkeys(sections.get("active", []))
+        self.dead = dict.fromkeys(sections.get("dead", []))
+        self.pending_deps = dict(sections.get("pending_deps", []))
+        self.notes = {k: list(v) for k, v in sections.get("notes", [])}
+
+
+def _pack_sections(sections: list[tuple[str, list[Any]]]) -> Iterator[bytes]:
+    for name, items in sections:
+        for start in range(0, max(len(items), 1), _CHUNK):
+            yield pack([name, items[start : start + _CHUNK]])
+
+
+def _unpack_sections(data: bytes) -> Iterator[tuple[str, list[Any]]]:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+    unpacker.feed(data)
+    try:
+        for item in unpacker:
+            name, items = item
+            yield name, [tuple(x) if isinstance(x, list) and name in _PAIRS else x for x in items]
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise CodecError(f"state snapshot is corrupt: {exc}") from exc
+
+
+_PAIRS = {"jobs", "nodes", "runs", "job_runs", "pending_deps", "notes"}

@@ -1,0 +1,234 @@
+"""The worker: runs on every node, executes the claims addressed to it.
+
+The log is the dispatch bus: a ``ClaimSlots`` entry naming this node, applied
+while this process is live, is a dispatch. The worker fires it at the slot
+instant by its own clock (claims come ahead of time), checking its applied
+state at that instant (a pause, edit or delete may have cancelled it). It
+then reports, in batches, ``StartRuns`` (taking a lease), ``RenewLeases``
+and ``FinishRuns``; a result is kept and resubmitted until its commit is
+acknowledged (invariant 5), through any number of leader changes.
+
+Entries replayed from this node's own journal at start-up are never acted on;
+instead, once caught up, the worker reports the attempts it held before it
+died as lost, so the leader can retry them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .clock import Clock
+from .commands import (
+    CancelRun, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, PauseJob, PutJob, RenewLeases, ReportLost,
+    StartRuns,
+)
+from .errors import RaftcronError
+from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
+from .ledger import MAX_CLAIMS_PER_ENTRY
+from .planner import from_us, us
+from .service import Service
+from .state import Applied
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("raftcron.worker")
+BATCH = 300  # results per FinishRuns entry
+
+
+class Worker:
+    def __init__(self, service: Service, clock: Clock, executors: dict[str, Executor], *,
+                 lease: float = 5.0, flush_interval: float = 0.02) -> None:
+        self.svc = service
+        self.state = service.state
+        self.me = service.node_id
+        self.clock = clock
+        self.executors = executors
+        self.lease = lease
+        self.flush_interval = flush_interval
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running: set[str] = set()
+        self._starts: dict[str, int] = {}
+        self._results: dict[str, dict[str, Any]] = {}
+        self._kick = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self.fired = 0
+
+    def start(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="worker-flush")
+
+    async def stop(self) -> None:
+        for t in list(self._tasks.values()):
+            t.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+
+    # ---- reacting to applied entries (event-loop thread) --------------------------
+
+    def on_applied(self, applied: Applied, replay: bool) -> None:
+        cmd, result = applied.command, applied.result
+        if isinstance(cmd, ClaimSlots):
+            if not replay:
+                for run in result["runs"]:
+                    if run["status"] == "claimed" and run["node"] == self.me:
+                        self._schedule(run)
+            self._stop_attempts(result["cancelled"], "replaced")
+        elif isinstance(cmd, (PutJob, PauseJob)):
+            self._stop_attempts(result.get("cancelled", ()), "job changed")
+        elif isinstance(cmd, DeleteJob):
+            self._stop_attempts([rid for rid, t in self._tasks.items() if t.get_name().startswith(f"{cmd.name}@")], "job deleted")
+        elif isinstance(cmd, CancelRun):
+            self._stop_attempts([cmd.run_id], "cancelled")
+        elif isinstance(cmd, (StartRuns, RenewLeases)) and cmd.node == self.me:
+            self._stop_attempts(result["stale"], "fenced: the ledger no longer gives this node the attempt")
+        elif isinstance(cmd, ExpireRuns):
+            self._stop_attempts([r["id"] for r in result["lost"] if r["node"] == self.me], "lease expired")
+
+    def _schedule(self, run: dict[str, Any]) -> None:
+        rid = run["id"]
+        if rid in self._tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self._fire(run), name=f"{run['job']}@{rid}")
+        self._tasks[rid] = task
+        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+
+    def _stop_attempts(self, run_ids: Any, why: str) -> None:
+        for rid in run_ids:
+            task = self._tasks.get(rid)
+            if task is not None and not task.done():
+                log.info("stopping attempt %s: %s", rid, why)
+                task.cancel()
+
+    # ---- one attempt ------------------------------------------------------------------
+
+    async def _fire(self, run: dict[str, Any]) -> None:
+        rid = run["id"]
+        delay = (run["slot_us"] - us(self.clock.now())) / 1e6
+        if delay > 0:
+            await self.clock.sleep(delay)
+        current = self.state.runs.get(rid)
+        job = self.state.job(run["job"])
+        rec = self.state.jobs.get(run["job"])
+        if current is None or current["status"] != "claimed" or job is None or rec is None:
+            return  # cancelled, lost or deleted while waiting for its instant
+        kind = str(job.executor)
+        attempt = Attempt(
+            job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
+            fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
+            timeout=float(job.timeout),
+        )
+        started = us(self.clock.now())
+        self._starts[rid] = started
+        self._running.add(rid)
+        self._kick.set()
+        self.fired += 1
+        log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
+                 attempt.slot.isoformat(), rid)
+        try:
+            outcome = await self.executors[kind].run(attempt)
+        except asyncio.CancelledError:
+            self._running.discard(rid)
+            self._starts.pop(rid, None)
+            raise
+        except Exception as exc:  # noqa: BLE001 - an executor bug is the attempt's failure, not the worker's
+            log.exception("executor %s raised on run %s", kind, rid)
+            now = self.clock.now()
+            outcome = Outcome(status=OutcomeStatus.FAILED, started_at=from_us(started), finished_at=now, error=f"executor error: {exc}")
+        self._running.discard(rid)
+        self._results[rid] = _result(rid, outcome)
+        log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
+                 f" ({outcome.error})" if outcome.error else "")
+        self._kick.set()
+
+    # ---- batched reports -------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        renew_every = self.lease / 3
+        last_renew = self.clock.monotonic()
+        backoff = self.flush_interval
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), renew_every)
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
+            await asyncio.sleep(self.flush_interval)  # gather a batch
+            try:
+                await self._flush_starts()
+                await self._flush_results()
+                if self.clock.monotonic() - last_renew >= renew_every:
+                    await self._renew()
+                    last_renew = self.clock.monotonic()
+                backoff = self.flush_interval
+            except RaftcronError as exc:
+                log.warning("reports not committed yet (%s); retrying", exc)
+                backoff = min(backoff * 2, 1.0)
+                await asyncio.sleep(backoff)
+                self._kick.set()
+
+    async def _flush_starts(self) -> None:
+        if not self._starts:
+            return
+        batch = dict(list(self._starts.items())[:BATCH])
+        lease_until = us(self.clock.now()) + int(self.lease * 1e6)
+        await self.svc.propose(StartRuns(at_us=us(self.clock.now()), node=self.me, runs=tuple(batch),
+                                         started_us=batch, lease_until_us=lease_until))
+        for rid in batch:
+            self._starts.pop(rid, None)
+
+    async def _flush_results(self) -> None:
+        while self._results:
+            batch = list(self._results.items())[:BATCH]
+            await self.svc.propose(FinishRuns(at_us=us(self.clock.now()), node=self.me,
+                                              results=tuple(r for _, r in batch)))
+            for rid, _ in batch:
+                self._results.pop(rid, None)
+
+    async def _renew(self) -> None:
+        running = tuple(r for r in self._running if r not in self._starts)
+        if running:
+            until = us(self.clock.now()) + int(self.lease * 1e6)
+            await self.svc.propose(RenewLeases(at_us=us(self.clock.now()), node=self.me, runs=running,
+                                               lease_until_us=until))
+
+    # ---- after a restart ------------------------------------------------------------------
+
+    async def report_orphans(self, replay_upto: int) -> None:
+        """Attempts this node held before it restarted are lost: say so, until committed."""
+        while self.state.applied_index < replay_upto:
+            await asyncio.sleep(0.05)
+        orphans = tuple(
+            rid for rid in list(self.state.active)
+            if (r := self.state.runs.get(rid)) is not None and r["node"] == self.me
+            and r["status"] in ("claimed", "running") and r["token"] // MAX_CLAIMS_PER_ENTRY <= replay_upto
+        )
+        if not orphans:
+            return
+        log.warning("reporting %d attempt(s) held before the restart as lost: %s", len(orphans), ", ".join(orphans[:10]))
+        delay = 0.1
+        while True:
+            try:
+                await self.svc.propose(ReportLost(at_us=us(self.clock.now()), node=self.me, runs=orphans))
+                return
+            except RaftcronError as exc:
+                log.info("lost report not committed yet: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    @property
+    def busy(self) -> int:
+        return len(self._running)
+
+    @property
+    def pending_reports(self) -> int:
+        return len(self._starts) + len(self._results)
+
+
+def _result(rid: str, o: Outcome) -> dict[str, Any]:
+    return {
+        "run_id": rid, "status": o.status.value, "started_us": us(o.started_at), "finished_us": us(o.finished_at),
+        "exit_code": o.exit_code, "http_status": o.http_status, "output": o.output, "error": o.error,
+    }

@@ -1,0 +1,162 @@
+"""SystemClock and FakeClock: time moves only when a test says so."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from scheduler.clock import Clock, FakeClock, SystemClock
+
+START = datetime(2026, 3, 29, 0, 59, 30, tzinfo=timezone.utc)
+
+
+async def until(condition: Callable[[], bool], what: str, rounds: int = 100) -> None:
+    """Yield to the loop until ``condition`` holds; fail naming ``what`` after ``rounds`` turns."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def settle(rounds: int = 10) -> None:
+    """Give every ready task a few turns (no time passes on a FakeClock)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def test_both_clocks_satisfy_the_protocol() -> None:
+    clocks: list[Clock] = [SystemClock(), FakeClock(START)]
+    assert all(c.now().tzinfo is not None for c in clocks)
+
+
+def test_system_clock_is_aware_utc_and_monotonic() -> None:
+    clock = SystemClock()
+    now = clock.now()
+    assert now.utcoffset() == timedelta(0)
+    assert abs((now - datetime.now(timezone.utc)).total_seconds()) < 60
+    a, b = clock.monotonic(), clock.monotonic()
+    assert b >= a
+
+
+async def test_system_clock_sleep_zero_and_negative_return() -> None:
+    clock = SystemClock()
+    await asyncio.wait_for(clock.sleep(0), timeout=5)
+    await asyncio.wait_for(clock.sleep(-1), timeout=5)
+
+
+def test_fake_clock_needs_an_aware_start_and_keeps_utc() -> None:
+    with pytest.raises(ValueError, match="aware"):
+        FakeClock(datetime(2026, 1, 1))
+    berlin = timezone(timedelta(hours=1))
+    clock = FakeClock(datetime(2026, 1, 1, 1, 0, tzinfo=berlin))
+    assert clock.now() == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert clock.now().tzinfo is timezone.utc
+
+
+def test_advance_moves_now_and_monotonic_together() -> None:
+    clock = FakeClock(START, monotonic_start=100.0)
+    assert clock.monotonic() == 100.0
+    clock.advance(90.5)
+    assert clock.now() == START + timedelta(seconds=90.5)
+    assert clock.monotonic() == 190.5
+    clock.advance_to(START + timedelta(hours=1))
+    assert clock.now() == START + timedelta(hours=1)
+    assert clock.monotonic() == 3700.0
+
+
+def test_time_does_not_move_by_itself_or_backwards() -> None:
+    clock = FakeClock(START)
+    assert (clock.now(), clock.monotonic()) == (START, 0.0)
+    assert (clock.now(), clock.monotonic()) == (START, 0.0)
+    with pytest.raises(ValueError, match="forward"):
+        clock.advance(-1)
+    with pytest.raises(ValueError, match="forward"):
+        clock.advance_to(START - timedelta(seconds=1))
+
+
+async def test_sleep_returns_only_once_advanced_past_its_deadline() -> None:
+    clock = FakeClock(START)
+    task = asyncio.create_task(clock.sleep(5))
+    await until(lambda: clock.sleepers == 1, "the task to go to sleep")
+    assert clock.next_deadline() == 5.0
+    clock.advance(4.999)
+    await settle()
+    assert not task.done()
+    clock.advance(0.001)
+    await until(task.done, "the sleeper to wake at its deadline")
+    assert clock.sleepers == 0 and clock.next_deadline() is None
+
+
+async def test_sleep_zero_yields_once_without_advancing() -> None:
+    clock = FakeClock(START)
+    order: list[str] = []
+
+    async def sleeper() -> None:
+        order.append("before")
+        await clock.sleep(0)
+        order.append("after")
+
+    task = asyncio.create_task(sleeper())
+    await asyncio.sleep(0)
+    assert order == ["before"]  # the sleep gave the loop back once
+    await until(task.done, "sleep(0) to return")
+    assert order == ["before", "after"] and clock.sleepers == 0
+    await asyncio.wait_for(clock.sleep(-3), timeout=5)
+
+
+async def test_advance_wakes_only_the_sleepers_now_due_in_deadline_order() -> None:
+    clock = FakeClock(START)
+    woke: list[int] = []
+
+    async def sleeper(seconds: int) -> None:
+        await clock.sleep(seconds)
+        woke.append(seconds)
+
+    tasks = [asyncio.create_task(sleeper(s)) for s in (30, 10, 20)]
+    await until(lambda: clock.sleepers == 3, "three sleepers")
+    clock.advance(25)
+    await until(lambda: len(woke) == 2, "the 10s and 20s sleepers")
+    await settle()
+    assert woke == [10, 20]
+    clock.advance(5)
+    await until(lambda: len(woke) == 3, "the 30s sleeper")
+    assert woke == [10, 20, 30]
+    await asyncio.gather(*tasks)
+
+
+async def test_many_small_advances_reach_a_deadline() -> None:
+    clock = FakeClock(START)
+    task = asyncio.create_task(clock.sleep(1.0))
+    await until(lambda: clock.sleepers == 1, "the sleeper")
+    for _ in range(10):
+        clock.advance(0.1)  # float steps must not fall short of 1.0
+    await until(task.done, "ten 0.1s advances to wake a 1s sleep")
+
+
+async def test_a_cancelled_sleeper_is_forgotten() -> None:
+    clock = FakeClock(START)
+    task = asyncio.create_task(clock.sleep(10))
+    await until(lambda: clock.sleepers == 1, "the sleeper")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert clock.sleepers == 0 and clock.next_deadline() is None
+    clock.advance(60)  # waking a cancelled sleep must not raise
+    await settle()
+
+
+async def test_a_sleep_started_after_an_advance_counts_from_then() -> None:
+    clock = FakeClock(START)
+    clock.advance(100)
+    task = asyncio.create_task(clock.sleep(10))
+    await until(lambda: clock.sleepers == 1, "the sleeper")
+    assert clock.next_deadline() == 110.0
+    clock.advance(9)
+    await settle()
+    assert not task.done()
+    clock.advance(1)
+    await until(task.done, "the sleeper")
