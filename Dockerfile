@@ -62,8 +62,6 @@ RUN set -eu; \
     chown raftcron:raftcron /var/lib/raftcron; \
     chmod 0750 /var/lib/raftcron
 
-COPY --from=build /opt/raftcron /opt/raftcron
-
 ENV PATH=/opt/raftcron/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -73,7 +71,6 @@ ENV PATH=/opt/raftcron/bin:$PATH \
 # RAFTCRON_SECRET, ...): see docker-compose.yml. The secret has no default on purpose.
 VOLUME ["/var/lib/raftcron"]
 WORKDIR /var/lib/raftcron
-USER raftcron:raftcron
 EXPOSE 7001 8001
 
 # GET /v1/health on this node's own HTTP address; a wildcard bind is probed on loopback.
@@ -82,3 +79,8 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
 
 ENTRYPOINT ["raftcron"]
 CMD ["agent"]
+
+# Last, so that a code change rebuilds only this layer (each instruction after it would cost
+# a container commit with the classic builder).
+USER raftcron:raftcron
+COPY --from=build /opt/raftcron /opt/raftcron

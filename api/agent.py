@@ -56,6 +56,7 @@ class AgentConfig:
     alert_webhook: str | None = None
     lease: float = 5.0
     fsync: bool = True
+    compaction_entries: int = 20000
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -80,6 +81,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-read-token", default=_env("API_READ_TOKEN"), help="read-only bearer token (RAFTCRON_API_READ_TOKEN)")
     p.add_argument("--alert-webhook", default=_env("ALERT_WEBHOOK"), help="default alert webhook (RAFTCRON_ALERT_WEBHOOK)")
     p.add_argument("--lease", default=_env("LEASE", "5s"), help="attempt lease, e.g. 5s (RAFTCRON_LEASE)")
+    p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="debug|info|warning (RAFTCRON_LOG_LEVEL)")
@@ -111,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         data_dir=Path(args.data_dir or f"./data/{args.node_id}"), secret=args.secret, tags=_tags(args.tag),
         allow_shell=bool(args.allow_shell), api_token=args.api_token, api_read_token=args.api_read_token,
         alert_webhook=args.alert_webhook, lease=parse_duration(args.lease), fsync=not args.no_fsync,
+        compaction_entries=args.compaction_entries,
     )
 
 
@@ -157,7 +160,8 @@ class Agent:
         self.loop = asyncio.get_running_loop()
         c = self.cfg
         node = RaftNode(
-            NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync),
+            NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
+                       compaction_entries=c.compaction_entries),
             self.state, on_applied=self._on_applied,
         )
         await asyncio.to_thread(node.start)

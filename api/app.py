@@ -55,8 +55,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     except RaftcronError as exc:
         return _error_response(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error_response(PayloadTooLarge(f"request body over {exc.max_size} bytes"))  # type: ignore[attr-defined]
+    except web.HTTPRequestEntityTooLarge:
+        # aiohttp's exception keeps no max_size attribute (reading one answered 500).
+        return _error_response(PayloadTooLarge(f"request body over {request.client_max_size} bytes"))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

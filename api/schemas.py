@@ -12,8 +12,10 @@ from typing import Any
 
 __all__ = ["COMPONENTS", "JOB_DOCUMENT"]
 
-_DURATION = {"oneOf": [{"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"}, {"type": "integer", "minimum": 0}],
-             "description": "90s, 5m, 1h30m, or whole seconds"}
+# What scheduler.duration.parse_duration reads: units in the order d h m s, each once, or whole seconds.
+_DURATION = {"oneOf": [{"type": "string", "pattern": r"^(\d+|\d+d(\d+h)?(\d+m)?(\d+s)?|\d+h(\d+m)?(\d+s)?|\d+m(\d+s)?|\d+s)$"},
+                       {"type": "integer", "minimum": 0}],
+             "description": "90s, 5m, 1h30m, 2d, or whole seconds"}
 _INSTANT = {"type": "string", "format": "date-time", "nullable": True}
 _STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
 

@@ -10,10 +10,10 @@ import asyncio
 import heapq
 import itertools
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "FakeClock"]
+__all__ = ["Clock", "FakeClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -34,7 +34,7 @@ class SystemClock:
     """The real clocks of this process."""
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -56,7 +56,7 @@ class FakeClock:
     def __init__(self, start: datetime, *, monotonic_start: float = 0.0) -> None:
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError("FakeClock needs an aware start datetime")
-        self._now = start.astimezone(timezone.utc)
+        self._now = start.astimezone(UTC)
         # Integer nanoseconds, so ten advance(0.1) reach a deadline of sleep(1.0).
         self._mono_ns = round(monotonic_start * 1e9)
         self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []

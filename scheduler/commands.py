@@ -213,6 +213,13 @@ def decode_command(raw: bytes) -> Command:
                 value = tuple(Claim(**c) for c in value)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
+            for c in value:
+                for cf in fields(Claim):
+                    if not _conforms(getattr(c, cf.name), str(cf.type)):
+                        raise CodecError(f"command {env.tag!r} has a malformed claim: {cf.name!r} must be {cf.type}")
+        elif not _conforms(value, str(f.type)):
+            # Checked here, so apply never meets a wrong type half way through a command.
+            raise CodecError(f"command {env.tag!r}: field {f.name!r} must be {f.type}")
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[f.name] = value
@@ -220,3 +227,24 @@ def decode_command(raw: bytes) -> Command:
     if unknown:
         raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
     return cls(**kwargs)
+
+
+def _conforms(value: Any, annotation: str) -> bool:
+    """``value`` (as msgpack gives it: lists for tuples) fits the field annotation text."""
+    if " | " in annotation:
+        return any(_conforms(value, a) for a in annotation.split(" | "))
+    if annotation == "Any":
+        return True
+    if annotation == "None":
+        return value is None
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation in ("str", "bool"):
+        return isinstance(value, str if annotation == "str" else bool)
+    if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        item = annotation[len("tuple["):-len(", ...]")]
+        return isinstance(value, (list, tuple)) and all(_conforms(v, item) for v in value)
+    if annotation.startswith("dict[") and annotation.endswith("]"):
+        key, _, item = annotation[len("dict["):-1].partition(", ")
+        return isinstance(value, dict) and all(_conforms(k, key) and _conforms(v, item) for k, v in value.items())
+    raise TypeError(f"no wire check for annotation {annotation!r}")  # a new field type: extend _conforms

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 __all__ = [
     "MAX_DURATION",
-    "parse_duration",
     "format_duration",
-    "parse_instant",
     "format_instant",
+    "parse_duration",
+    "parse_instant",
 ]
 
 MAX_DURATION = 100 * 365 * 86400
@@ -42,7 +42,7 @@ def parse_duration(value: object) -> float:
     unknown units, units out of order, booleans, or more than ``MAX_DURATION``.
     """
     if isinstance(value, bool):
-        raise ValueError("must be a duration like '90s', '5m' or '1h30m', not a boolean")
+        raise ValueError("must be a duration like '90s', '5m' or '1h30m', not a boolean")  # noqa: TRY004
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
@@ -57,7 +57,7 @@ def parse_duration(value: object) -> float:
                 raise ValueError(f"invalid duration {value!r}: use e.g. '90s', '5m', '1h30m', '2d'")
             seconds = sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS) if g)
     else:
-        raise ValueError("must be a duration like '90s', '5m' or '1h30m'")
+        raise ValueError("must be a duration like '90s', '5m' or '1h30m'")  # noqa: TRY004
     if seconds < 0:
         raise ValueError("must not be negative")
     if seconds > MAX_DURATION:
@@ -88,9 +88,9 @@ def parse_instant(value: object) -> datetime:
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("must carry a UTC offset")
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
     if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 timestamp string")
+        raise ValueError("must be an RFC 3339 timestamp string")  # noqa: TRY004
     m = _INSTANT_RE.fullmatch(value.strip())
     if m is None:
         raise ValueError(
@@ -100,7 +100,7 @@ def parse_instant(value: object) -> datetime:
     year, month, day, hour, minute, second, frac, off = m.groups()
     micro = int((frac or "").ljust(6, "0")[:6])
     if off in ("Z", "z"):
-        tz = timezone.utc
+        tz = UTC
     else:
         sign = -1 if off[0] == "-" else 1
         oh, om = int(off[1:3]), int(off[4:6])
@@ -111,7 +111,7 @@ def parse_instant(value: object) -> datetime:
         t = datetime(
             int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
         )
-        return t.astimezone(timezone.utc)
+        return t.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise ValueError(f"invalid RFC 3339 timestamp {value!r}: {exc}") from exc
 
@@ -120,7 +120,7 @@ def format_instant(t: datetime) -> str:
     """``2026-12-01T10:00:00Z``; ``.ffffffZ`` only when there are microseconds."""
     if t.tzinfo is None:
         raise ValueError("naive datetime: instants must be aware")
-    t = t.astimezone(timezone.utc)
+    t = t.astimezone(UTC)
     text = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
     if t.microsecond:
         text += f".{t.microsecond:06d}"

@@ -25,7 +25,7 @@ from typing import TypeVar
 from scheduler.duration import parse_duration, parse_instant
 from scheduler.errors import FieldError
 
-__all__ = ["Problems", "Fields", "ROOT", "join", "type_name"]
+__all__ = ["ROOT", "Fields", "Problems", "join", "type_name"]
 
 ROOT = "$"
 """The field path reported when the document itself is not an object."""
@@ -267,7 +267,6 @@ class Fields:
             self.error(key, f"must be a list, not {type_name(value)}")
             return None
         return [(self.at(key) + f"[{i}]", item) for i, item in enumerate(value)]
-
 
     def int_set(self, key: str, *, lo: int, hi: int) -> tuple[int, ...]:
         """A list of integers in ``[lo, hi]``, returned sorted and without repeats."""

@@ -7,8 +7,8 @@ time-zone check reads tzdata, which ``zoneinfo`` caches).
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 from scheduler.fields import type_name
@@ -18,18 +18,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NAME_PATTERN",
-    "check_name",
-    "check_timezone",
-    "check_url",
-    "check_header_name",
-    "check_header_value",
+    "check_cwd",
     "check_env_name",
     "check_env_value",
+    "check_header_name",
+    "check_header_value",
     "check_label_key",
     "check_label_value",
-    "check_tag_key",
+    "check_name",
     "check_regex",
-    "check_cwd",
+    "check_tag_key",
+    "check_timezone",
+    "check_url",
     "parse_command",
 ]
 
@@ -49,8 +49,7 @@ _RESERVED_ENV = "RAFTCRON_"
 def check_name(value: str) -> str | None:
     if NAME_PATTERN.fullmatch(value) is None:
         return (
-            "must be 1 to 63 characters of a-z, 0-9, '_' and '-', "
-            "starting with a letter or digit"
+            "must be 1 to 63 characters of a-z, 0-9, '_' and '-', starting with a letter or digit"
         )
     return None
 

@@ -292,10 +292,16 @@ def reset_future(state: State, job: str, at_us: int, reason: str) -> list[str]:
         and run["trigger"] in SCHEDULED and run["slot_us"] > at_us
         and _cancel_one(state, rid, at_us, reason)
     ]
+    # Invariant 2: a slot after the change whose decision stands (already started, or recorded
+    # failed/skipped) stays decided, or it could be claimed a second time.
+    floor = max([at_us, *(
+        r["slot_us"] for rid in state.job_runs.get(job, ())
+        if (r := state.runs[rid])["trigger"] in SCHEDULED and r["status"] != "cancelled" and r["slot_us"] > at_us
+    )])
     rec = state.jobs[job]
-    if rec["last_slot_us"] is None or rec["last_slot_us"] > at_us:
+    if rec["last_slot_us"] is None or rec["last_slot_us"] > floor:
         # Decided up to the change: the new spec's slots start after it.
-        state.jobs[job] = {**rec, "last_slot_us": at_us}
+        state.jobs[job] = {**rec, "last_slot_us": floor}
     return cancelled
 
 

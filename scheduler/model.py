@@ -24,7 +24,12 @@ from zoneinfo import ZoneInfo
 from scheduler.duration import format_duration, format_instant
 from scheduler.errors import ValidationFailed
 from scheduler.fields import Fields, Problems
-from scheduler.jobrules import check_label_key, check_label_value, check_name, check_timezone
+from scheduler.jobrules import (
+    check_label_key,
+    check_label_value,
+    check_name,
+    check_timezone,
+)
 from scheduler.schedule import MANUAL, Schedule, parse_schedule
 from scheduler.sections import (
     DEFAULT_ALERT_EVENTS,
@@ -54,23 +59,23 @@ from scheduler.sections import (
 )
 
 __all__ = [
-    "ExecutorKind",
+    "DEFAULT_ALERT_EVENTS",
+    "HTTP_METHODS",
+    "AlertEvent",
+    "Alerts",
+    "Catchup",
+    "CatchupPolicy",
     "Concurrency",
     "Delivery",
-    "CatchupPolicy",
-    "DependsOnCondition",
-    "AlertEvent",
-    "HTTP_METHODS",
-    "DEFAULT_ALERT_EVENTS",
-    "HttpSpec",
-    "ShellSpec",
-    "Retries",
-    "Catchup",
-    "Target",
     "DependsOn",
-    "Alerts",
+    "DependsOnCondition",
+    "ExecutorKind",
     "History",
+    "HttpSpec",
     "Job",
+    "Retries",
+    "ShellSpec",
+    "Target",
     "parse_job",
 ]
 

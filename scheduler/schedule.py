@@ -45,16 +45,19 @@ import enum
 import functools
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone, tzinfo
-from zoneinfo import ZoneInfo
+from datetime import UTC, datetime, timedelta, tzinfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from scheduler.duration import format_duration, format_instant, parse_duration, parse_instant
+from scheduler.duration import (
+    format_duration,
+    format_instant,
+    parse_duration,
+    parse_instant,
+)
 
-__all__ = ["ScheduleKind", "Schedule", "parse_schedule", "MANUAL"]
+__all__ = ["MANUAL", "Schedule", "ScheduleKind", "parse_schedule"]
 
-UTC = timezone.utc
 _US = timedelta(microseconds=1)
 
 _ALIASES = {
@@ -194,7 +197,7 @@ class Schedule:
 def parse_schedule(expr: str) -> Schedule:
     """Parse a schedule; raises ``ValueError`` naming what is wrong."""
     if not isinstance(expr, str):
-        raise ValueError("a schedule must be a string")
+        raise ValueError("a schedule must be a string")  # noqa: TRY004
     parsed = _parse(expr)
     return Schedule(expr=parsed.canonical, kind=parsed.kind)
 
@@ -250,9 +253,7 @@ def _parse_cron(text: str) -> _Parsed:
         )
     for f in fields:
         if any(_NONDETERMINISTIC.match(part) for part in f.split(",")):
-            raise ValueError(
-                f"hashed (H) and random (R) cron values are not supported: {text!r}"
-            )
+            raise ValueError(f"hashed (H) and random (R) cron values are not supported: {text!r}")
     return _Parsed(text, ScheduleKind.CRON, cron=_compile(text, len(fields) == 6))
 
 

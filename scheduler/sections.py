@@ -28,30 +28,30 @@ from scheduler.jobrules import (
 )
 
 __all__ = [
-    "ExecutorKind",
+    "DEFAULT_ALERT_EVENTS",
+    "HTTP_METHODS",
+    "AlertEvent",
+    "Alerts",
+    "Catchup",
+    "CatchupPolicy",
     "Concurrency",
     "Delivery",
-    "CatchupPolicy",
-    "DependsOnCondition",
-    "AlertEvent",
-    "HTTP_METHODS",
-    "DEFAULT_ALERT_EVENTS",
-    "HttpSpec",
-    "ShellSpec",
-    "Retries",
-    "Catchup",
-    "Target",
     "DependsOn",
-    "Alerts",
+    "DependsOnCondition",
+    "ExecutorKind",
     "History",
-    "parse_http",
-    "parse_shell",
-    "parse_retries",
-    "parse_catchup",
-    "parse_target",
-    "parse_depends_on",
+    "HttpSpec",
+    "Retries",
+    "ShellSpec",
+    "Target",
     "parse_alerts",
+    "parse_catchup",
+    "parse_depends_on",
     "parse_history",
+    "parse_http",
+    "parse_retries",
+    "parse_shell",
+    "parse_target",
 ]
 
 
@@ -242,15 +242,14 @@ def parse_retries(f: Fields) -> Retries:
     s = f.section("retries", ("max", "backoff", "factor", "max_backoff"))
     if s is None:
         return Retries()
-    retries = Retries(
-        max=s.integer("max", 0, lo=0, hi=100),
-        backoff=s.duration("backoff", 10.0),
-        factor=s.number("factor", 2.0, lo=1),
-        max_backoff=s.duration("max_backoff", 300.0),
-    )
-    if retries.max_backoff < retries.backoff:
+    max_ = s.integer("max", 0, lo=0, hi=100)
+    backoff = s.duration("backoff", 10.0)
+    factor = s.number("factor", 2.0, lo=1)
+    # Unset, the cap is 5m or the first backoff if that is longer.
+    max_backoff = s.duration("max_backoff", max(300.0, backoff))
+    if max_backoff < backoff:
         s.error("max_backoff", "must be at least backoff")
-    return retries
+    return Retries(max=max_, backoff=backoff, factor=factor, max_backoff=max_backoff)
 
 
 def parse_catchup(f: Fields) -> Catchup:

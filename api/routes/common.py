@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from aiohttp import web
@@ -30,9 +31,51 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
             return None
         raise ValidationFailed([{"field": "$", "message": "a JSON body is required"}])
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise ValidationFailed([{"field": "$", "message": f"invalid JSON: {exc}"}]) from exc
+    if problems := _unstorable(doc):
+        raise ValidationFailed(problems)
+    return doc
+
+
+_INT_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+def _unstorable(doc: Any) -> list[dict[str, str]]:
+    """Values JSON allows but the replicated log (msgpack, UTF-8) cannot hold.
+
+    Without this a lone surrogate (``"\\ud800"``) or an integer beyond 64 bits
+    (also ``1e30``, which the job model turns into an int) fails only when the
+    command is encoded, and is answered 500.
+    """
+    problems: list[dict[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        where = path or "$"
+        if isinstance(value, dict):
+            for k, v in value.items():
+                sub = f"{path}.{k}" if path else str(k)
+                if not _utf8(k):
+                    problems.append({"field": sub, "message": "key is not valid UTF-8 (unpaired surrogate)"})
+                stack.append((sub, v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, str) and not _utf8(value):
+            problems.append({"field": where, "message": "is not valid UTF-8 (unpaired surrogate)"})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            problems.append({"field": where, "message": "is out of range: numbers must lie within ±2^63"})
+    return sorted(problems, key=lambda p: p["field"])
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def ok(data: Any, status: int = 200) -> web.Response:

@@ -98,8 +98,10 @@ async def _note(request: web.Request) -> str | None:
     body = await read_json(request, optional=True)
     if body is None:
         return None
-    if not isinstance(body, dict) or set(body) - {"note"}:
+    if not isinstance(body, dict):
         raise ValidationFailed([{"field": "$", "message": 'expected {"note": "..."} or no body'}])
+    if unknown := sorted(set(body) - {"note"}):
+        raise ValidationFailed([{"field": k, "message": "unknown field"} for k in unknown])
     note = body.get("note")
     if note is not None and not isinstance(note, str):
         raise ValidationFailed([{"field": "note", "message": "must be a string"}])

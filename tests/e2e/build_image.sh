@@ -96,8 +96,21 @@ log "docker build -t $tag (BASE_IMAGE=$base)"
 if ! docker buildx version >/dev/null 2>&1; then
     export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
 fi
+old_id="$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)"
 timeout 1200 docker build --build-arg "BASE_IMAGE=$base" -t "$tag" -f "$repo/Dockerfile" "$repo"
 t3=$(date +%s)
+
+# Our own leftovers only: the image that TAG named before (if now untagged and unused) and
+# all but the newest untagged build stage (the classic builder keeps them; the newest is the
+# layer cache for the next build). Never a prune.
+new_id="$(docker image inspect -f '{{.Id}}' "$tag")"
+if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ] \
+        && [ "$(docker image inspect -f '{{len .RepoTags}}' "$old_id" 2>/dev/null)" = 0 ]; then
+    docker rmi "$old_id" >/dev/null 2>&1 || true
+fi
+docker images --no-trunc -f dangling=true -f label=io.raftcron.stage=build \
+        --format '{{.CreatedAt}}	{{.ID}}' | sort -r | tail -n +2 | cut -f2 \
+    | while read -r id; do docker rmi "$id" >/dev/null 2>&1 || true; done
 
 # 4. smoke checks
 docker run --rm --entrypoint python3 "$tag" -c 'import msgpack, pysyncobj, aiohttp, croniter, yaml, cryptography, raftlog, scheduler, api'

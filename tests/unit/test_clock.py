@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from scheduler.clock import Clock, FakeClock, SystemClock
 
-START = datetime(2026, 3, 29, 0, 59, 30, tzinfo=timezone.utc)
+START = datetime(2026, 3, 29, 0, 59, 30, tzinfo=UTC)
 
 
 async def until(condition: Callable[[], bool], what: str, rounds: int = 100) -> None:
@@ -37,7 +37,7 @@ def test_system_clock_is_aware_utc_and_monotonic() -> None:
     clock = SystemClock()
     now = clock.now()
     assert now.utcoffset() == timedelta(0)
-    assert abs((now - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert abs((now - datetime.now(UTC)).total_seconds()) < 60
     a, b = clock.monotonic(), clock.monotonic()
     assert b >= a
 
@@ -53,8 +53,8 @@ def test_fake_clock_needs_an_aware_start_and_keeps_utc() -> None:
         FakeClock(datetime(2026, 1, 1))
     berlin = timezone(timedelta(hours=1))
     clock = FakeClock(datetime(2026, 1, 1, 1, 0, tzinfo=berlin))
-    assert clock.now() == datetime(2026, 1, 1, tzinfo=timezone.utc)
-    assert clock.now().tzinfo is timezone.utc
+    assert clock.now() == datetime(2026, 1, 1, tzinfo=UTC)
+    assert clock.now().tzinfo is UTC
 
 
 def test_advance_moves_now_and_monotonic_together() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import msgpack
@@ -28,8 +28,6 @@ from scheduler.model import (
     parse_job,
 )
 from scheduler.schedule import parse_schedule
-
-UTC = timezone.utc
 
 MINIMAL: dict[str, Any] = {
     "name": "ping",
@@ -174,7 +172,12 @@ def test_spec_example_as_an_http_job() -> None:
     assert job.target.tags == {"zone": "a"} and job.target.count == 1
     assert job.depends_on is not None and job.depends_on.job == "extract"
     assert job.depends_on.on is DependsOnCondition.SUCCESS
-    assert job.alerts.on == (AlertEvent.FAILURE, AlertEvent.RECOVERY, AlertEvent.MISSED, AlertEvent.DEAD)
+    assert job.alerts.on == (
+        AlertEvent.FAILURE,
+        AlertEvent.RECOVERY,
+        AlertEvent.MISSED,
+        AlertEvent.DEAD,
+    )
     assert job.alerts.late_after == 60.0 and job.history.keep == 100
     assert parse_job(job.to_doc()) == job
 
@@ -205,8 +208,18 @@ def test_a_shell_command_may_be_a_string() -> None:
 
 
 def test_null_means_the_default() -> None:
-    doc = dict(MINIMAL, description=None, labels=None, timezone=None, paused=None, retries=None,
-               catchup={"policy": None}, alerts={"on": None}, history=None, depends_on=None)
+    doc = dict(
+        MINIMAL,
+        description=None,
+        labels=None,
+        timezone=None,
+        paused=None,
+        retries=None,
+        catchup={"policy": None},
+        alerts={"on": None},
+        history=None,
+        depends_on=None,
+    )
     assert parse_job(doc) == parse_job(MINIMAL)
 
 
@@ -264,8 +277,12 @@ def test_to_doc_is_stable_json_and_msgpack_friendly() -> None:
 
 
 def test_next_slot_honours_starts_at_and_ends_at() -> None:
-    doc = dict(MINIMAL, schedule="0 * * * *", starts_at="2026-05-01T10:30:00Z",
-               ends_at="2026-05-01T12:00:00Z")
+    doc = dict(
+        MINIMAL,
+        schedule="0 * * * *",
+        starts_at="2026-05-01T10:30:00Z",
+        ends_at="2026-05-01T12:00:00Z",
+    )
     job = parse_job(doc)
     anchor = datetime(2026, 1, 1, tzinfo=UTC)
     at = datetime(2026, 5, 1, 0, 0, tzinfo=UTC)
@@ -274,6 +291,11 @@ def test_next_slot_honours_starts_at_and_ends_at() -> None:
     assert job.next_slot(at.replace(hour=12), anchor=anchor) is None
     on_start = parse_job(dict(doc, starts_at="2026-05-01T11:00:00Z"))
     assert on_start.next_slot(at, anchor=anchor) == datetime(2026, 5, 1, 11, tzinfo=UTC)
+
+
+def test_an_unset_max_backoff_is_never_below_backoff() -> None:
+    assert parse_job(dict(MINIMAL, retries={"backoff": "10m"})).retries.max_backoff == 600.0
+    assert parse_job(dict(MINIMAL, retries={"backoff": "1m"})).retries.max_backoff == 300.0
 
 
 def test_retry_delays_grow_to_their_cap() -> None:
@@ -489,13 +511,16 @@ def test_durations_parse(text: object, seconds: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(0, "0s"), (90, "1m30s"), (3600, "1h"), (5400, "1h30m"), (90061, "1d1h1m1s")]
+    ("seconds", "text"),
+    [(0, "0s"), (90, "1m30s"), (3600, "1h"), (5400, "1h30m"), (90061, "1d1h1m1s")],
 )
 def test_durations_format(seconds: int, text: str) -> None:
     assert format_duration(seconds) == text
 
 
-@pytest.mark.parametrize("bad", ["", "s", "5", "-5s", "5m1h", "1.5h", "5ms", "5 m", True, None, [], 1.5])
+@pytest.mark.parametrize(
+    "bad", ["", "s", "5", "-5s", "5m1h", "1.5h", "5ms", "5 m", True, None, [], 1.5]
+)
 def test_bad_durations(bad: object) -> None:
     if bad == "5":
         assert parse_duration(bad) == 5  # plain integer seconds
@@ -520,13 +545,17 @@ schedules = st.sampled_from(
     ["*/5 * * * *", "0 2 * * *", "*/10 * * * * *", "@hourly", "@annually", "@every 90s",
      "@at 2026-12-01T11:00:00+01:00", "@manually", "0 9 * * mon-fri"]
 ) | durations.filter(lambda s: s >= 1).map(lambda s: f"@every {s}s")  # fmt: skip
-urls = st.sampled_from(["https://example.test/hook", "http://10.0.0.1:8080/x?y=1", "https://h.test"])
+urls = st.sampled_from(
+    ["https://example.test/hook", "http://10.0.0.1:8080/x?y=1", "https://h.test"]
+)
 
 
 def _omit_some(d: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     """Drop any subset of the optional keys, so defaults get exercised too."""
     keys = sorted(d)
-    return st.sets(st.sampled_from(keys)).map(lambda drop: {k: v for k, v in d.items() if k not in drop})
+    return st.sets(st.sampled_from(keys)).map(
+        lambda drop: {k: v for k, v in d.items() if k not in drop}
+    )
 
 
 http_sections = st.fixed_dictionaries(
@@ -572,7 +601,7 @@ def job_docs(draw: st.DrawFn) -> dict[str, Any]:
         "retries": draw(_omit_some({
             "max": draw(st.integers(0, 100)), "backoff": backoff,
             "factor": draw(st.integers(1, 5) | st.floats(1, 10)),
-            "max_backoff": backoff + draw(durations),
+            "max_backoff": max(backoff, 10) + draw(durations),
         })),
         "concurrency": draw(st.sampled_from(["allow", "forbid", "replace"])),
         "delivery": draw(st.sampled_from(["at-least-once", "at-most-once"])),
@@ -608,8 +637,11 @@ def test_to_doc_and_parse_job_round_trip(doc: dict[str, Any]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(doc=job_docs(), path=st.sampled_from(["retries.max", "history.keep", "target.count",
-                                             "alerts.after_failures"]), flag=st.booleans())
+@given(
+    doc=job_docs(),
+    path=st.sampled_from(["retries.max", "history.keep", "target.count", "alerts.after_failures"]),
+    flag=st.booleans(),
+)
 def test_a_boolean_is_never_an_integer(doc: dict[str, Any], path: str, flag: bool) -> None:
     doc.setdefault("schedule", "@daily")
     assert fields_of(with_(doc, path, flag)) == [path]
@@ -619,9 +651,12 @@ def test_job_is_a_frozen_value() -> None:
     job = parse_job(MINIMAL)
     with pytest.raises(AttributeError):
         job.name = "other"  # type: ignore[misc]
-    assert Job(
-        name="ping",
-        schedule=parse_schedule("*/5 * * * *"),
-        executor=ExecutorKind.HTTP,
-        http=HttpSpec(url="https://example.test/hook"),
-    ) == job
+    assert (
+        Job(
+            name="ping",
+            schedule=parse_schedule("*/5 * * * *"),
+            executor=ExecutorKind.HTTP,
+            http=HttpSpec(url="https://example.test/hook"),
+        )
+        == job
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from scheduler.schedule import MANUAL, Schedule, ScheduleKind, parse_schedule
 
-UTC = timezone.utc
 ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -52,45 +51,102 @@ CRON_TABLE = [
     ("@hourly", "UTC", "2026-06-01T00:00:00", ["2026-06-01T01:00", "2026-06-01T02:00"]),
     ("@minutely", "UTC", "2026-06-01T00:00:59", ["2026-06-01T00:01", "2026-06-01T00:02"]),
     # Europe/Berlin spring forward 2026-03-29: 02:00 CET -> 03:00 CEST at 01:00 UTC
-    ("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00",
-     ["2026-03-29T01:00", "2026-03-30T00:30", "2026-03-31T00:30"]),
+    (
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-03-28T12:00:00",
+        ["2026-03-29T01:00", "2026-03-30T00:30", "2026-03-31T00:30"],
+    ),
     ("0 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00", ["2026-03-29T01:00", "2026-03-30T00:00"]),
     ("0 3 * * *", "Europe/Berlin", "2026-03-28T12:00:00", ["2026-03-29T01:00", "2026-03-30T01:00"]),
-    ("0 * * * *", "Europe/Berlin", "2026-03-28T23:30:00",
-     ["2026-03-29T00:00", "2026-03-29T01:00", "2026-03-29T02:00"]),
-    ("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:40:00",
-     ["2026-03-29T00:45", "2026-03-29T01:00", "2026-03-29T01:15"]),
+    (
+        "0 * * * *",
+        "Europe/Berlin",
+        "2026-03-28T23:30:00",
+        ["2026-03-29T00:00", "2026-03-29T01:00", "2026-03-29T02:00"],
+    ),
+    (
+        "*/15 * * * *",
+        "Europe/Berlin",
+        "2026-03-29T00:40:00",
+        ["2026-03-29T00:45", "2026-03-29T01:00", "2026-03-29T01:15"],
+    ),
     ("0 30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00", ["2026-03-29T01:00"]),
     # Europe/Berlin fall back 2026-10-25: 03:00 CEST -> 02:00 CET at 01:00 UTC
-    ("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00",
-     ["2026-10-25T00:30", "2026-10-26T01:30", "2026-10-27T01:30"]),
+    (
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-10-24T12:00:00",
+        ["2026-10-25T00:30", "2026-10-26T01:30", "2026-10-27T01:30"],
+    ),
     ("30 2 * * *", "Europe/Berlin", "2026-10-25T00:30:00", ["2026-10-26T01:30"]),
-    ("0 * * * *", "Europe/Berlin", "2026-10-24T22:30:00",
-     ["2026-10-24T23:00", "2026-10-25T00:00", "2026-10-25T02:00", "2026-10-25T03:00"]),
-    ("*/15 * * * *", "Europe/Berlin", "2026-10-25T00:40:00",
-     ["2026-10-25T00:45", "2026-10-25T02:00", "2026-10-25T02:15"]),
+    (
+        "0 * * * *",
+        "Europe/Berlin",
+        "2026-10-24T22:30:00",
+        ["2026-10-24T23:00", "2026-10-25T00:00", "2026-10-25T02:00", "2026-10-25T03:00"],
+    ),
+    (
+        "*/15 * * * *",
+        "Europe/Berlin",
+        "2026-10-25T00:40:00",
+        ["2026-10-25T00:45", "2026-10-25T02:00", "2026-10-25T02:15"],
+    ),
     # `after` inside the second pass of the repeated hour
     ("*/15 * * * *", "Europe/Berlin", "2026-10-25T01:20:00", ["2026-10-25T02:00"]),
     ("* * * * * *", "Europe/Berlin", "2026-10-25T01:59:58", ["2026-10-25T02:00:00"]),
     # America/New_York spring forward 2026-03-08: 02:00 EST -> 03:00 EDT at 07:00 UTC
-    ("30 2 * * *", "America/New_York", "2026-03-07T12:00:00",
-     ["2026-03-08T07:00", "2026-03-09T06:30"]),
-    ("0 * * * *", "America/New_York", "2026-03-08T05:30:00",
-     ["2026-03-08T06:00", "2026-03-08T07:00", "2026-03-08T08:00"]),
-    ("*/15 * * * *", "America/New_York", "2026-03-08T06:40:00",
-     ["2026-03-08T06:45", "2026-03-08T07:00", "2026-03-08T07:15"]),
+    (
+        "30 2 * * *",
+        "America/New_York",
+        "2026-03-07T12:00:00",
+        ["2026-03-08T07:00", "2026-03-09T06:30"],
+    ),
+    (
+        "0 * * * *",
+        "America/New_York",
+        "2026-03-08T05:30:00",
+        ["2026-03-08T06:00", "2026-03-08T07:00", "2026-03-08T08:00"],
+    ),
+    (
+        "*/15 * * * *",
+        "America/New_York",
+        "2026-03-08T06:40:00",
+        ["2026-03-08T06:45", "2026-03-08T07:00", "2026-03-08T07:15"],
+    ),
     ("@daily", "America/New_York", "2026-03-07T12:00:00", ["2026-03-08T05:00", "2026-03-09T04:00"]),
     # America/New_York fall back 2026-11-01: 02:00 EDT -> 01:00 EST at 06:00 UTC
-    ("30 1 * * *", "America/New_York", "2026-10-31T12:00:00",
-     ["2026-11-01T05:30", "2026-11-02T06:30"]),
-    ("0 * * * *", "America/New_York", "2026-11-01T04:30:00",
-     ["2026-11-01T05:00", "2026-11-01T07:00", "2026-11-01T08:00"]),
-    ("*/15 * * * *", "America/New_York", "2026-11-01T05:40:00",
-     ["2026-11-01T05:45", "2026-11-01T07:00", "2026-11-01T07:15"]),
+    (
+        "30 1 * * *",
+        "America/New_York",
+        "2026-10-31T12:00:00",
+        ["2026-11-01T05:30", "2026-11-02T06:30"],
+    ),
+    (
+        "0 * * * *",
+        "America/New_York",
+        "2026-11-01T04:30:00",
+        ["2026-11-01T05:00", "2026-11-01T07:00", "2026-11-01T08:00"],
+    ),
+    (
+        "*/15 * * * *",
+        "America/New_York",
+        "2026-11-01T05:40:00",
+        ["2026-11-01T05:45", "2026-11-01T07:00", "2026-11-01T07:15"],
+    ),
     # 30-minute DST (Lord Howe) and a midnight that does not exist (Santiago)
-    ("*/30 * * * *", "Australia/Lord_Howe", "2026-04-04T14:00:00",
-     ["2026-04-04T14:30", "2026-04-04T15:30", "2026-04-04T16:00"]),
-    ("0 0 * * *", "America/Santiago", "2026-09-05T12:00:00", ["2026-09-06T04:00", "2026-09-07T03:00"]),
+    (
+        "*/30 * * * *",
+        "Australia/Lord_Howe",
+        "2026-04-04T14:00:00",
+        ["2026-04-04T14:30", "2026-04-04T15:30", "2026-04-04T16:00"],
+    ),
+    (
+        "0 0 * * *",
+        "America/Santiago",
+        "2026-09-05T12:00:00",
+        ["2026-09-06T04:00", "2026-09-07T03:00"],
+    ),
 ]
 
 
@@ -117,8 +173,16 @@ EVERY_TABLE = [
     ("@every 30s", "2026-01-01T00:01:00", ["00:01:30"]),
     ("@every 30s", "2025-12-31T00:00:00", ["2026-01-01T00:00:30"]),  # before the anchor
     ("@every 1h30m", "2026-01-01T00:00:00", ["01:30", "03:00", "04:30"]),
-    ("@every 90", "2026-01-01T10:00:00", ["10:01:30", "10:03:00"]),  # 10:00 is a slot: strictly after
-    ("@every 1d", "2026-03-28T12:00:00", ["2026-03-29T00:00", "2026-03-30T00:00"]),  # no DST in UTC maths
+    (
+        "@every 90",
+        "2026-01-01T10:00:00",
+        ["10:01:30", "10:03:00"],
+    ),  # 10:00 is a slot: strictly after
+    (
+        "@every 1d",
+        "2026-03-28T12:00:00",
+        ["2026-03-29T00:00", "2026-03-30T00:00"],
+    ),  # no DST in UTC maths
 ]
 
 
@@ -298,7 +362,10 @@ def near_transition(within: float) -> st.SearchStrategy[tuple[str, datetime]]:
 def test_the_transition_table_is_right() -> None:
     for tz, t in ZONE_AND_TRANSITION:
         if tz not in ("UTC", "Asia/Kathmandu"):
-            before, at = (t - timedelta(seconds=1)).astimezone(ZoneInfo(tz)), t.astimezone(ZoneInfo(tz))
+            before, at = (
+                (t - timedelta(seconds=1)).astimezone(ZoneInfo(tz)),
+                t.astimezone(ZoneInfo(tz)),
+            )
             assert before.utcoffset() != at.utcoffset(), (tz, t)
 
 
@@ -307,6 +374,7 @@ EXPRESSIONS = [
     "0 0 * * *", "*/20 1-3 * * *", "0 2 * * sun", "*/30 * * * * *", "0 0 1 * *", "@hourly",
     "@every 7m", "@every 1h", "@at 2026-10-25T01:30:00Z", "@manually",
 ]  # fmt: skip
+
 
 @settings(max_examples=300, deadline=None)
 @given(expr=st.sampled_from(EXPRESSIONS), where=near_transition(36 * 3600))
@@ -325,8 +393,9 @@ def test_slots_strictly_increase_and_follow_after(expr: str, where: tuple[str, d
         t = nxt
 
 
-def _oracle(minutes: frozenset[int], hours: frozenset[int] | None, zone: ZoneInfo,
-            after: datetime) -> datetime:
+def _oracle(
+    minutes: frozenset[int], hours: frozenset[int] | None, zone: ZoneInfo, after: datetime
+) -> datetime:
     """First slot after ``after``, found by walking UTC minute by minute.
 
     A UTC minute is a slot if its wall time matches and is that wall time's
@@ -364,4 +433,6 @@ def test_cron_matches_a_brute_force_oracle(
     hour_field = "*" if hours is None else ",".join(map(str, sorted(hours)))
     expr = f"{','.join(map(str, sorted(minutes)))} {hour_field} * * *"
     zone = ZoneInfo(tz)
-    assert parse_schedule(expr).next_after(after, zone, ANCHOR) == _oracle(minutes, hours, zone, after)
+    assert parse_schedule(expr).next_after(after, zone, ANCHOR) == _oracle(
+        minutes, hours, zone, after
+    )

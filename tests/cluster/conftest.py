@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from .harness import Cluster, Sink
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(size: int = 3, **kw: Any) -> Cluster:
+        c = Cluster.create(tmp_path / f"c{len(made)}", size, **kw)
+        made.append(c)
+        return c.start()
+
+    yield make
+    for c in made:
+        c.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for c in made:
+            print(c.dump_logs())
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    s = Sink()
+    yield s
+    s.close()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)

@@ -1,0 +1,295 @@
+"""Real `raftcron agent` processes on 127.0.0.1, and an HTTP sink that records deliveries.
+
+Every wait is bounded and says what it waited for. Processes are ended only by
+the PIDs this harness started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - a node may be down while we wait
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 5.0, token: str | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+@dataclass
+class Node:
+    name: str
+    raft_port: int
+    http_port: int
+    data_dir: Path
+    log_path: Path
+    args: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def raft_addr(self) -> str:
+        return f"127.0.0.1:{self.raft_port}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, f"{self.name} is already running"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "api.cli", "agent", *self.args], cwd=ROOT,
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout}s")
+        return int(self.proc.returncode)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str, timeout: float = 5.0) -> Any:
+        status, body = http("GET", self.url + path, timeout=timeout)
+        assert status == 200, f"GET {path} on {self.name}: {status} {body}"
+        return body
+
+
+@dataclass
+class Cluster:
+    nodes: list[Node]
+    secret: str
+    extra: list[str] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, tmp: Path, size: int = 3, *, secret: str = "cluster-test-secret",
+               extra: list[str] | None = None, per_node: dict[int, list[str]] | None = None,
+               secrets: dict[int, str] | None = None) -> "Cluster":
+        tmp.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(2 * size)
+        raft, httpp = ports[:size], ports[size:]
+        nodes = []
+        for i in range(size):
+            peers = ",".join(f"127.0.0.1:{raft[j]}" for j in range(size) if j != i)
+            data = tmp / f"n{i + 1}"
+            args = ["--node-id", f"n{i + 1}", "--raft-addr", f"127.0.0.1:{raft[i]}", "--peers", peers,
+                    "--http-addr", f"127.0.0.1:{httpp[i]}", "--data-dir", str(data), *(extra or []),
+                    *((per_node or {}).get(i, []))]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTCRON_")}
+            env["RAFTCRON_SECRET"] = (secrets or {}).get(i, secret)
+            env["PYTHONUNBUFFERED"] = "1"
+            nodes.append(Node(f"n{i + 1}", raft[i], httpp[i], data, tmp / f"n{i + 1}.log", args, env))
+        return cls(nodes, secret, extra or [])
+
+    def start(self) -> "Cluster":
+        for n in self.nodes:
+            n.start()
+        return self
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                n.resume()
+                try:
+                    n.terminate(15)
+                except AssertionError:
+                    pass
+
+    def by_name(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def live(self) -> list[Node]:
+        return [n for n in self.nodes if n.alive()]
+
+    def leader(self, timeout: float = 20.0, among: list[Node] | None = None) -> Node:
+        """The node every live member agrees leads, once the barrier has registered everyone."""
+        group = among or self.live()
+
+        def agreed() -> Node | None:
+            seen = set()
+            for n in group:
+                body = n.get("/v1/cluster", timeout=2)
+                leader = body.get("leader") or {}
+                seen.add(leader.get("node_id"))
+            names = {n.name for n in group}
+            if len(seen) == 1 and None not in seen and seen <= names:
+                return self.by_name(seen.pop())
+            return None
+
+        return wait_for("a leader all live nodes agree on", agreed, timeout)
+
+    def wait_registered(self, timeout: float = 20.0) -> None:
+        names = {n.name for n in self.nodes}
+        wait_for("every node registered", lambda: {m["node_id"] for m in self.leader().get("/v1/cluster")["members"]} >= names, timeout)
+
+    def put_job(self, doc: dict[str, Any], via: Node | None = None, timeout: float = 20.0) -> dict[str, Any]:
+        target = via or self.leader()
+
+        def attempt() -> Any:
+            status, body = http("PUT", f"{target.url}/v1/jobs/{doc['name']}", doc, timeout=6)
+            if status in (200, 201):
+                return body
+            if status in (503, 504):
+                return None
+            raise AssertionError(f"PUT job {doc['name']}: {status} {body}")
+
+        return wait_for(f"job {doc['name']} stored", attempt, timeout)  # type: ignore[no-any-return]
+
+    def runs(self, job: str, via: Node | None = None) -> list[dict[str, Any]]:
+        node = via or self.live()[0]
+        items: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(200):
+            q = f"/v1/jobs/{job}/runs?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            body = node.get(q)
+            items += body["items"]
+            cursor = body["next_cursor"]
+            if not cursor:
+                break
+        return items
+
+    def dump_logs(self) -> str:
+        return "\n".join(f"===== {n.name} =====\n{n.log()[-6000:]}" for n in self.nodes)
+
+
+@dataclass
+class Delivery:
+    at: float  # wall clock, seconds
+    path: str
+    headers: dict[str, str]
+
+
+class Sink:
+    """Records every request it receives; ``/slow?s=N`` holds the answer N seconds."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self._lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                now = time.time()
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with sink._lock:
+                    sink.deliveries.append(Delivery(now, self.path, {k: v for k, v in self.headers.items()}))
+                if self.path.startswith("/slow"):
+                    seconds = float(self.path.split("s=")[-1]) if "s=" in self.path else 30.0
+                    time.sleep(seconds)
+                status = 500 if self.path.startswith("/fail") else 200
+                body = b"ok"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+            do_GET = do_POST = do_PUT = _handle
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def of(self, job: str) -> list[Delivery]:
+        with self._lock:
+            return [d for d in self.deliveries if d.headers.get("X-Raftcron-Job") == job]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def job_doc(name: str, url: str, schedule: str = "@every 1s", **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name, "schedule": schedule, "executor": "http",
+                           "http": {"url": url, "method": "POST"}, "timeout": "20s"}
+    doc.update(extra)
+    return doc
