@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import zoneinfo
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from scheduler.commands import RegisterNode
 from scheduler.duration import parse_duration
 from scheduler.errors import RaftcronError
 from scheduler.executors import HttpExecutor, ShellExecutor
+from scheduler.alert_sender import AlertSender
 from scheduler.leader import LeaderConfig, LeaderLoop
 from scheduler.planner import PlanConfig, us
 from scheduler.service import Service
@@ -239,11 +241,18 @@ class Agent:
             if leading and not running:
                 self.leader = LeaderLoop(self.service, self.clock, LeaderConfig(lease=lease, plan=PlanConfig(
                     start_deadline_us=int(max(2 * lease, 10) * 1e6))), self.live)
-                self._leader_task = asyncio.create_task(self.leader.run(), name="leader")
+                self._leader_task = asyncio.create_task(self._lead(self.leader), name="leader")
             elif not leading and running:
                 assert self._leader_task is not None
                 self._leader_task.cancel()
             await asyncio.sleep(0.05)
+
+    async def _lead(self, loop: LeaderLoop) -> None:
+        """Everything only the leader does; cancelled as one when leadership goes."""
+        metrics = self.api_context.extras.get("metrics")
+        sender = AlertSender(self.service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.advertise_http}",
+                             on_delivery=getattr(metrics, "alert_delivered", None))
+        await asyncio.gather(loop.run(), sender.run())
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""
@@ -289,6 +298,9 @@ async def _serve(cfg: AgentConfig, advertise: str | None) -> int:
 
 def run_agent(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
+    # Time zones come from the tzdata package only, never the host's files: job
+    # validation runs inside apply, and replicas must agree on which zones exist.
+    zoneinfo.reset_tzpath(to=[])
     try:
         cfg = config_from_args(args)
     except (ValueError, MissingSecret) as exc:

@@ -114,10 +114,15 @@ def encode_cursor(value: str) -> str:
 def decode_cursor(raw: str | None) -> str | None:
     if raw is None:
         return None
+    problem = [{"field": "query.cursor", "message": "not a cursor this server issued"}]
     try:
-        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+        # validate=True: the lenient decoder drops foreign characters, so "%%%" read as "" (the first page).
+        value = base64.b64decode(raw + "=" * (-len(raw) % 4), altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationFailed([{"field": "query.cursor", "message": "not a cursor this server issued"}]) from exc
+        raise ValidationFailed(problem) from exc
+    if not value:
+        raise ValidationFailed(problem)
+    return value
 
 
 def _ref(name: str) -> dict[str, Any]:

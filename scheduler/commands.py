@@ -16,7 +16,7 @@ from raftlog.codec import CodecError, decode, encode
 __all__ = [
     "Command", "RegisterNode", "PutJob", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
     "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
-    "ReportLost", "Noop", "Rejected", "COMMANDS", "encode_command", "decode_command",
+    "ReportLost", "Noop", "Rejected", "AlertResults", "COMMANDS", "encode_command", "decode_command",
 ]
 
 
@@ -166,6 +166,15 @@ class DeleteDeadLetter(Command):
     run_id: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertResults(Command):
+    """The leader's delivery attempts: ``{id, ok, error}`` each, at ``at_us``."""
+
+    TAG: ClassVar[str] = "alert_results"
+    leader: str
+    results: tuple[dict[str, Any], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A command apply refused: the same value on every replica, never an exception."""
@@ -178,7 +187,7 @@ COMMANDS: dict[str, type[Command]] = {
     c.TAG: c
     for c in (
         Noop, RegisterNode, PutJob, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
-        FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter,
+        FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults,
     )
 }
 

@@ -42,7 +42,7 @@ def parse_duration(value: object) -> float:
     unknown units, units out of order, booleans, or more than ``MAX_DURATION``.
     """
     if isinstance(value, bool):
-        raise ValueError("must be a duration like '90s', '5m' or '1h30m', not a boolean")  # noqa: TRY004
+        raise ValueError("must be a duration like '90s' or '1h30m', not a boolean")  # noqa: TRY004
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):

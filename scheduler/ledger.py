@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import alerts
 from .commands import CancelRun, ClaimSlots, Claim, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
 
 if TYPE_CHECKING:
@@ -75,7 +76,23 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
     for s in cmd.summaries:
         _summarise(state, s, cmd.at_us)
+    _alert_missed(state, created, cmd)
     return {"runs": created, "refused": refused, "cancelled": cancelled}
+
+
+def _alert_missed(state: State, created: list[dict[str, Any]], cmd: ClaimSlots) -> None:
+    """One missed alert per job per decision, however many slots it covers."""
+    spans: dict[str, tuple[int, int, int]] = {}
+    for run in created:
+        if run["status"] == "missed":
+            n, lo, hi = spans.get(run["job"], (0, run["slot_us"], run["slot_us"]))
+            spans[run["job"]] = (n + 1, min(lo, run["slot_us"]), max(hi, run["slot_us"]))
+    for s in cmd.summaries:
+        if s.get("status") == "missed" and s.get("job") in state.jobs:
+            n, lo, hi = spans.get(s["job"], (0, s["first_us"], s["last_us"]))
+            spans[s["job"]] = (n + int(s["count"]), min(lo, s["first_us"]), max(hi, s["last_us"]))
+    for job, (n, lo, hi) in spans.items():
+        alerts.on_missed(state, job, n, lo, hi, cmd.at_us)
 
 
 def _admissible(state: State, c: Claim, fanned: set[tuple[str, int]]) -> str | None:
@@ -115,7 +132,9 @@ def _record(state: State, run: dict[str, Any], c: Claim) -> None:
     state.job_runs.setdefault(job, []).append(rid)
     rec = state.jobs[job]
     if c.trigger in SCHEDULED:
-        rec = {**rec, "last_slot_us": c.slot_us}
+        # max: a fan-out listed out of order ([s1, s2, s1]) must not move the job back to s1.
+        last = rec["last_slot_us"]
+        rec = {**rec, "last_slot_us": c.slot_us if last is None else max(last, c.slot_us)}
     if c.retry_of:
         prev = state.runs[c.retry_of]
         state.runs[c.retry_of] = {**prev, "next": rid}
@@ -127,6 +146,8 @@ def _record(state: State, run: dict[str, Any], c: Claim) -> None:
         state.active[rid] = None
     elif run["status"] == "failed":
         rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
+    elif run["status"] == "missed":
+        rec = {**rec, "missed_total": rec["missed_total"] + 1}  # summaries add their count
     state.jobs[job] = rec
     _trim(state, job)
 
@@ -155,6 +176,7 @@ def start(state: State, cmd: StartRuns) -> dict[str, Any]:
             continue
         state.runs[rid] = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
                            "lease_us": cmd.lease_until_us}
+        alerts.on_started(state, state.runs[rid], cmd.at_us)
         started.append(rid)
     return {"started": started, "stale": stale}
 
@@ -186,11 +208,11 @@ def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
             state.runs[rid] = {**run, "late_result": {"status": r.get("status"), "finished_us": r.get("finished_us")}}
             stale.append(rid)
             continue
-        finished.append(_finish_one(state, run, r))
+        finished.append(_finish_one(state, run, r, cmd.at_us))
     return {"finished": finished, "stale": stale}
 
 
-def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int) -> dict[str, Any]:
     job = state.job(run["job"])
     rec = state.jobs[run["job"]]
     outcome = str(r.get("status"))
@@ -219,7 +241,11 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any]) -> dict[st
     if new["status"] != "retrying":
         state.active.pop(run["id"], None)
         _trigger_dependents(state, new)
-    state.jobs[run["job"]] = {**rec, "consecutive_failures": failures}
+    rec = alerts.on_finished(state, new, {**rec, "consecutive_failures": failures}, at_us)
+    if new["status"] == "dead":
+        alerts.on_dead(state, new, at_us)
+    state.jobs[run["job"]] = rec
+    _trim(state, run["job"])  # an attempt that ended no longer holds history open
     return new
 
 
@@ -253,6 +279,9 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
                 new["error"] = f"{reason}; gave up after {run['attempt']} attempts"
                 state.dead[rid] = None
         state.runs[rid] = new
+        if new["status"] == "dead":
+            alerts.on_dead(state, new, at_us)
+        _trim(state, run["job"])
         lost.append(new)
     return {"lost": lost}
 
@@ -272,6 +301,7 @@ def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
         return False
     state.active.pop(rid, None)
     state.runs[rid] = {**run, "status": "cancelled", "error": reason, "finished_us": at_us, "lease_us": None}
+    _trim(state, run["job"])
     return True
 
 

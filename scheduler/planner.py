@@ -212,7 +212,9 @@ def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig) -> li
         if run["status"] == "running" and run["lease_us"] is not None:
             if run["lease_us"] + cfg.lease_grace_us < now_us:
                 out.append(run["id"])
-        elif run["status"] == "claimed" and run["slot_us"] + cfg.start_deadline_us < now_us:
+        elif run["status"] == "claimed" and max(run["slot_us"], run["claimed_us"]) + cfg.start_deadline_us < now_us:
+            # From the claim, not the slot: a retry, catch-up or replay stands for an old slot and
+            # would otherwise be expired before its worker could report the start.
             out.append(run["id"])
     return out
 

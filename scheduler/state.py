@@ -21,9 +21,9 @@ import msgpack
 from raftlog.codec import CodecError, pack
 from raftlog.fsm import ApplyContext
 
-from . import ledger
+from . import alerts, ledger
 from .commands import (
-    CancelRun, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
+    AlertResults, CancelRun, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
     PauseJob, PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, decode_command,
 )
 from .errors import ValidationFailed
@@ -55,6 +55,8 @@ class State:
         self.dead: dict[str, None] = {}
         self.pending_deps: dict[str, dict[str, Any]] = {}
         self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
+        self.alerts: dict[str, dict[str, Any]] = {}
+        self.alert_seq = 0
         self.applied_index = 0
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
@@ -113,6 +115,8 @@ class State:
                 return ledger.cancel(self, cmd)
             case DeleteDeadLetter():
                 return ledger.delete_dead(self, cmd)
+            case AlertResults():
+                return self._alert_results(cmd)
         return Rejected("invalid", f"no transition for {cmd.TAG!r}")
 
     # ---- jobs ----------------------------------------------------------------
@@ -185,6 +189,27 @@ class State:
         cancelled = ledger.reset_future(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []
         return {"name": cmd.name, "paused": cmd.paused, "version": self.jobs[cmd.name]["version"], "cancelled": cancelled}
 
+    def _alert_results(self, cmd: AlertResults) -> Any:
+        done = []
+        for r in cmd.results:
+            alert = self.alerts.get(str(r.get("id")))
+            if alert is None or alert["status"] != "pending":
+                continue  # delivered already (a retried commit), or trimmed
+            attempts = alert["attempts"] + 1
+            if r.get("ok"):
+                new = {**alert, "status": "delivered", "attempts": attempts, "delivered_us": cmd.at_us,
+                       "last_error": None}
+            elif r.get("skip"):
+                new = {**alert, "status": "skipped", "attempts": attempts, "last_error": r.get("error")}
+            else:
+                backoff = min(2 ** attempts, 300) * 1_000_000
+                failed = attempts >= alerts.MAX_ATTEMPTS
+                new = {**alert, "status": "failed" if failed else "pending", "attempts": attempts,
+                       "last_error": r.get("error"), "next_us": cmd.at_us + backoff}
+            self.alerts[alert["id"]] = new
+            done.append(new)
+        return {"alerts": done}
+
     def note(self, job: str, entry: dict[str, Any]) -> None:
         notes = self.notes.setdefault(job, [])
         notes.append(entry)
@@ -196,7 +221,8 @@ class State:
     def snapshot(self) -> Iterator[bytes]:
         """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
         sections: list[tuple[str, list[Any]]] = [
-            ("meta", [{"v": SNAPSHOT_VERSION, "applied_index": self.applied_index, "last_noop": self.last_noop}]),
+            ("meta", [{"v": SNAPSHOT_VERSION, "applied_index": self.applied_index, "last_noop": self.last_noop,
+                       "alert_seq": self.alert_seq}]),
             ("jobs", list(self.jobs.items())),
             ("nodes", list(self.nodes.items())),
             ("runs", list(self.runs.items())),
@@ -205,6 +231,7 @@ class State:
             ("dead", list(self.dead)),
             ("pending_deps", list(self.pending_deps.items())),
             ("notes", [(k, list(v)) for k, v in self.notes.items()]),
+            ("alerts", list(self.alerts.items())),
         ]
         return _pack_sections(sections)
 
@@ -231,6 +258,8 @@ class State:
         self.dead = dict.fromkeys(sections.get("dead", []))
         self.pending_deps = dict(sections.get("pending_deps", []))
         self.notes = {k: list(v) for k, v in sections.get("notes", [])}
+        self.alerts = dict(sections.get("alerts", []))
+        self.alert_seq = int(meta.get("alert_seq", 0))
 
 
 def _pack_sections(sections: list[tuple[str, list[Any]]]) -> Iterator[bytes]:
@@ -250,4 +279,4 @@ def _unpack_sections(data: bytes) -> Iterator[tuple[str, list[Any]]]:
         raise CodecError(f"state snapshot is corrupt: {exc}") from exc
 
 
-_PAIRS = {"jobs", "nodes", "runs", "job_runs", "pending_deps", "notes"}
+_PAIRS = {"jobs", "nodes", "runs", "job_runs", "pending_deps", "notes", "alerts"}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from .clock import Clock
 from .commands import (
@@ -54,6 +54,9 @@ class Worker:
         self._kick = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self.fired = 0
+        # Observers (metrics): called on the event loop, must not raise or block.
+        self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
+        self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
 
     def start(self) -> None:
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="worker-flush")
@@ -125,6 +128,8 @@ class Worker:
         self._running.add(rid)
         self._kick.set()
         self.fired += 1
+        if self.on_start is not None:
+            self.on_start(run["job"], (started - run["slot_us"]) / 1e6)
         log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
                  attempt.slot.isoformat(), rid)
         try:
@@ -139,6 +144,8 @@ class Worker:
             outcome = Outcome(status=OutcomeStatus.FAILED, started_at=from_us(started), finished_at=now, error=f"executor error: {exc}")
         self._running.discard(rid)
         self._results[rid] = _result(rid, outcome)
+        if self.on_finish is not None:
+            self.on_finish(run["job"], outcome.status.value, outcome.duration_ms / 1000)
         log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
                  f" ({outcome.error})" if outcome.error else "")
         self._kick.set()

@@ -19,7 +19,7 @@ __all__ = ["ROUTES"]
 RUN_ID = Param("id", "path", required=True, description="run id")
 
 
-async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
+async def _list_runs(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
     after = cursor_int(args)
     since = us(args["since"]) if args.get("since") else None
@@ -50,7 +50,7 @@ def _run(request: web.Request, run_id: str) -> dict[str, Any]:
     return run
 
 
-async def _get(request: web.Request, args: dict[str, Any]) -> web.Response:
+async def _get_run(request: web.Request, args: dict[str, Any]) -> web.Response:
     return ok(run_view(_run(request, args["id"])))
 
 
@@ -93,12 +93,12 @@ async def _delete_dead(request: web.Request, args: dict[str, Any]) -> web.Respon
 
 
 ROUTES = [
-    Route("GET", "/v1/runs", _list, "All runs, newest first",
+    Route("GET", "/v1/runs", _list_runs, "All runs, newest first",
           params=(Param("status", type="enum", enum=RUN_STATUSES), Param("job"),
                   Param("since", type="date-time", description="slots at or after"),
                   Param("until", type="date-time", description="slots at or before"), LIMIT, CURSOR),
           responses={200: "RunList"}, tag="runs"),
-    Route("GET", "/v1/runs/{id}", _get, "One run, with its output", params=(RUN_ID,),
+    Route("GET", "/v1/runs/{id}", _get_run, "One run, with its output", params=(RUN_ID,),
           responses={200: "Run", 404: "Error"}, tag="runs"),
     Route("POST", "/v1/runs/{id}/cancel", _cancel, "Cancel a claimed or running attempt", params=(RUN_ID,),
           responses={200: "Run", 404: "Error", 409: "Error"}, write=True, tag="runs"),

@@ -234,6 +234,8 @@ class Delivery:
     at: float  # wall clock, seconds
     path: str
     headers: dict[str, str]
+    body: bytes = b""
+    answered: int = 200
 
 
 class Sink:
@@ -241,6 +243,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
+        self.failing: set[str] = set()  # paths answered 500 until removed
         self._lock = threading.Lock()
         sink = self
 
@@ -248,20 +251,19 @@ class Sink:
             def _handle(self) -> None:
                 now = time.time()
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
+                body = self.rfile.read(length) if length else b""
+                status = 500 if self.path.startswith("/fail") or self.path in sink.failing else 200
                 with sink._lock:
-                    sink.deliveries.append(Delivery(now, self.path, {k: v for k, v in self.headers.items()}))
+                    sink.deliveries.append(Delivery(now, self.path, {k: v for k, v in self.headers.items()}, body, status))
                 if self.path.startswith("/slow"):
                     seconds = float(self.path.split("s=")[-1]) if "s=" in self.path else 30.0
                     time.sleep(seconds)
-                status = 500 if self.path.startswith("/fail") else 200
-                body = b"ok"
+                reply = b"ok"
                 self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 try:
-                    self.wfile.write(body)
+                    self.wfile.write(reply)
                 except OSError:
                     pass
 
@@ -282,6 +284,10 @@ class Sink:
     def of(self, job: str) -> list[Delivery]:
         with self._lock:
             return [d for d in self.deliveries if d.headers.get("X-Raftcron-Job") == job]
+
+    def at(self, path: str) -> list[Delivery]:
+        with self._lock:
+            return [d for d in self.deliveries if d.path == path]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -10,7 +10,7 @@ import pytest
 
 from raftlog.codec import CodecError, encode, pack
 from scheduler.commands import (
-    COMMANDS, CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
+    COMMANDS, AlertResults, CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
     PauseJob, PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, decode_command, encode_command,
 )
 from scheduler.planner import us
@@ -51,6 +51,9 @@ SAMPLES: dict[str, Command] = {
     "report_lost": ReportLost(at_us=T0, node="n2", runs=("r1",)),
     "cancel_run": CancelRun(at_us=T0, run_id="r1", reason="operator"),
     "delete_dead_letter": DeleteDeadLetter(at_us=T0, run_id="r1"),
+    "alert_results": AlertResults(at_us=T0, leader="n1", results=(
+        {"id": "a1", "ok": True, "error": None}, {"id": "a2", "ok": False, "error": "HTTP 500"},
+    )),
 }
 
 
@@ -81,6 +84,7 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
         "renew_leases": dict(node="n", runs=(), lease_until_us=0), "finish_runs": dict(node="n", results=()),
         "expire_runs": dict(leader="n", term=1, runs=()), "report_lost": dict(node="n", runs=()),
         "cancel_run": dict(run_id="r"), "delete_dead_letter": dict(run_id="r"),
+        "alert_results": dict(leader="n", results=()),
     }.get(tag, {})
     cmd = cls(at_us=0, **required)  # type: ignore[arg-type]
     assert decode_command(encode_command(cmd)) == cmd

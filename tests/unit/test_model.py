@@ -204,7 +204,8 @@ def test_spec_example_verbatim_names_the_extra_section() -> None:
 
 def test_a_shell_command_may_be_a_string() -> None:
     doc = with_(spec_shell(), "shell.command", "report --full | gzip > /tmp/r.gz")
-    assert parse_job(doc).shell.command == "report --full | gzip > /tmp/r.gz"  # type: ignore[union-attr]
+    shell = parse_job(doc).shell
+    assert shell is not None and shell.command == "report --full | gzip > /tmp/r.gz"
 
 
 def test_null_means_the_default() -> None:
@@ -533,27 +534,38 @@ def test_bad_durations(bad: object) -> None:
 
 names = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,62}", fullmatch=True)
 short = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
-label_keys = st.from_regex(r"([a-z0-9]{1,8}(\.[a-z0-9]{1,8})?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?",
-                           fullmatch=True)  # fmt: skip
+no_nul = short.filter(lambda v: "\0" not in v)
+label_keys = st.from_regex(
+    r"([a-z0-9]{1,8}(\.[a-z0-9]{1,8})?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,10}[A-Za-z0-9])?",
+    fullmatch=True,
+)
+header_names = st.from_regex(r"X-[A-Za-z0-9-]{1,10}", fullmatch=True)
+env_names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True).filter(
+    lambda k: not k.startswith("RAFTCRON_")
+)
 durations = st.integers(0, 10 * 86400)
+# The same duration written as seconds, as a numeric string, or as "1h30m".
 duration_values = durations.flatmap(lambda s: st.sampled_from([s, str(s), format_duration(s)]))
 instants = st.datetimes(
-    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
-    timezones=st.just(timezone(timedelta(hours=2))) | st.just(UTC),
-)  # fmt: skip
+    min_value=datetime(2000, 1, 1),
+    max_value=datetime(2100, 1, 1),
+    timezones=st.sampled_from([UTC, timezone(timedelta(hours=2))]),
+)
 schedules = st.sampled_from(
-    ["*/5 * * * *", "0 2 * * *", "*/10 * * * * *", "@hourly", "@annually", "@every 90s",
-     "@at 2026-12-01T11:00:00+01:00", "@manually", "0 9 * * mon-fri"]
-) | durations.filter(lambda s: s >= 1).map(lambda s: f"@every {s}s")  # fmt: skip
+    [
+        "*/5 * * * *", "0 2 * * *", "*/10 * * * * *", "@hourly", "@annually", "@every 90s",
+        "@at 2026-12-01T11:00:00+01:00", "@manually", "0 9 * * mon-fri",
+    ]
+) | st.integers(1, 10**6).map(lambda s: f"@every {s}s")  # fmt: skip
 urls = st.sampled_from(
     ["https://example.test/hook", "http://10.0.0.1:8080/x?y=1", "https://h.test"]
 )
+zones = st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Asia/Kathmandu"])
 
 
-def _omit_some(d: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
-    """Drop any subset of the optional keys, so defaults get exercised too."""
-    keys = sorted(d)
-    return st.sets(st.sampled_from(keys)).map(
+def some_of(d: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """``d`` without any subset of its keys, so defaults get exercised too."""
+    return st.sets(st.sampled_from(sorted(d))).map(
         lambda drop: {k: v for k, v in d.items() if k not in drop}
     )
 
@@ -562,70 +574,101 @@ http_sections = st.fixed_dictionaries(
     {"url": urls},
     optional={
         "method": st.sampled_from(["GET", "post", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
-        "headers": st.dictionaries(st.from_regex(r"X-[A-Za-z0-9-]{1,10}", fullmatch=True), short.filter(
-            lambda v: not any(c in v for c in "\r\n\0")), max_size=3),
+        "headers": st.dictionaries(
+            header_names, short.filter(lambda v: not any(c in v for c in "\r\n\0")), max_size=3
+        ),
         "body": st.none() | short,
         "expect_status": st.lists(st.integers(100, 599), max_size=4),
         "expect_body": st.none() | st.sampled_from(["ok", "^done$", r"\d+", ""]),
     },
-)  # fmt: skip
+)
+argv = st.lists(no_nul, min_size=1, max_size=4).filter(lambda a: a[0] != "")
 shell_sections = st.fixed_dictionaries(
-    {"command": st.lists(short.filter(lambda s: "\0" not in s), min_size=1, max_size=4).filter(lambda a: a[0] != "")
-     | st.sampled_from(["echo hi", "exit 3"])},
+    {"command": argv | st.sampled_from(["echo hi", "exit 3"])},
     optional={
-        "env": st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True).filter(
-            lambda k: not k.startswith("RAFTCRON_")), short.filter(lambda v: "\0" not in v), max_size=3),
+        "env": st.dictionaries(env_names, no_nul, max_size=3),
         "cwd": st.none() | st.sampled_from(["/", "/srv", "/var/reports"]),
     },
-)  # fmt: skip
+)
 
 
 @st.composite
 def job_docs(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid job document; optional fields are left out at random."""
     name = draw(names)
     executor = draw(st.sampled_from(["http", "shell"]))
     backoff = draw(durations)
     starts = draw(st.none() | instants)
-    doc: dict[str, Any] = {
-        "name": name,
+    ends = None if starts is None else starts + timedelta(days=draw(st.integers(1, 99)))
+    optional: dict[str, Any] = {
         "description": draw(short),
         "labels": draw(st.dictionaries(label_keys, st.text(max_size=63), max_size=3)),
         "schedule": draw(schedules),
-        "timezone": draw(st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Asia/Kathmandu"])),
+        "timezone": draw(zones),
         "paused": draw(st.booleans()),
         "starts_at": None if starts is None else starts.isoformat(),
-        "ends_at": None if starts is None else (starts + timedelta(days=draw(st.integers(1, 99)))).isoformat(),
-        "executor": executor,
-        executor: draw(http_sections if executor == "http" else shell_sections),
+        "ends_at": None if ends is None else ends.isoformat(),
         "timeout": draw(duration_values.filter(lambda v: parse_duration(v) > 0)),
-        "retries": draw(_omit_some({
-            "max": draw(st.integers(0, 100)), "backoff": backoff,
-            "factor": draw(st.integers(1, 5) | st.floats(1, 10)),
-            "max_backoff": max(backoff, 10) + draw(durations),
-        })),
+        "retries": draw(
+            some_of(
+                {
+                    "max": draw(st.integers(0, 100)),
+                    "backoff": backoff,
+                    "factor": draw(st.integers(1, 5) | st.floats(1, 10)),
+                    # 10s is backoff's default, for when backoff is left out
+                    "max_backoff": max(backoff, 10) + draw(durations),
+                }
+            )
+        ),
         "concurrency": draw(st.sampled_from(["allow", "forbid", "replace"])),
         "delivery": draw(st.sampled_from(["at-least-once", "at-most-once"])),
-        "catchup": {"policy": draw(st.sampled_from(["none", "latest", "all"])), "window": draw(duration_values)},
-        "target": {"tags": draw(st.dictionaries(st.from_regex(r"[a-z]{1,5}", fullmatch=True), short, max_size=2)),
-                   "count": draw(st.integers(1, 10))},
-        "depends_on": draw(st.none() | st.fixed_dictionaries(
-            {"job": names.filter(lambda n: n != name)},
-            optional={"on": st.sampled_from(["success", "failure", "any"])})),
-        "alerts": draw(_omit_some({
-            "webhook": draw(st.none() | urls), "on": draw(st.lists(st.sampled_from([e.value for e in AlertEvent]))),
-            "after_failures": draw(st.integers(1, 50)), "late_after": draw(duration_values),
-        })),
+        "catchup": draw(
+            some_of(
+                {
+                    "policy": draw(st.sampled_from(["none", "latest", "all"])),
+                    "window": draw(duration_values),
+                }
+            )
+        ),
+        "target": draw(
+            some_of(
+                {
+                    "tags": draw(
+                        st.dictionaries(st.from_regex(r"[a-z]{1,5}", fullmatch=True), short)
+                    ),
+                    "count": draw(st.integers(1, 10)),
+                }
+            )
+        ),
+        "depends_on": draw(
+            st.none()
+            | st.fixed_dictionaries(
+                {"job": names.filter(lambda n: n != name)},
+                optional={"on": st.sampled_from(["success", "failure", "any"])},
+            )
+        ),
+        "alerts": draw(
+            some_of(
+                {
+                    "webhook": draw(st.none() | urls),
+                    "on": draw(st.lists(st.sampled_from([e.value for e in AlertEvent]))),
+                    "after_failures": draw(st.integers(1, 50)),
+                    "late_after": draw(duration_values),
+                }
+            )
+        ),
         "history": {"keep": draw(st.integers(1, 10000))},
-    }  # fmt: skip
-    return draw(_omit_some(doc).map(lambda d: {**d, "name": name, "executor": executor,
-                                                executor: doc[executor]}))  # fmt: skip
+    }
+    doc = draw(some_of(optional))
+    if "schedule" not in doc and doc.get("depends_on") is None:
+        doc["schedule"] = "@daily"
+    section = draw(http_sections if executor == "http" else shell_sections)
+    return {"name": name, "executor": executor, executor: section, **doc}
 
 
 @settings(max_examples=200, deadline=None)
 @given(doc=job_docs())
 def test_to_doc_and_parse_job_round_trip(doc: dict[str, Any]) -> None:
-    if "schedule" not in doc and doc.get("depends_on") is None:
-        doc["schedule"] = "@daily"
     job = parse_job(doc)
     canonical = job.to_doc()
     assert parse_job(canonical) == job
@@ -643,7 +686,6 @@ def test_to_doc_and_parse_job_round_trip(doc: dict[str, Any]) -> None:
     flag=st.booleans(),
 )
 def test_a_boolean_is_never_an_integer(doc: dict[str, Any], path: str, flag: bool) -> None:
-    doc.setdefault("schedule", "@daily")
     assert fields_of(with_(doc, path, flag)) == [path]
 
 

@@ -1,0 +1,201 @@
+"""Prometheus metrics of one agent, in a registry of its own (never the global one).
+
+Three kinds of source, each read where it is safe to:
+
+- applied log entries (``on_applied``, called from the agent's ``_dispatch`` on
+  the event loop): runs by job and status, retries, lease expiries, elections.
+  Entries replayed from this node's journal at start-up are not counted: they
+  describe the past, and counting them again after a restart would show as a
+  burst of activity that never happened;
+- the worker's hooks (``run_started``, ``run_finished``) and the API's per-request
+  hook (``observe_api``): histograms;
+- scrape-time reads (``_ScrapeCollector``): raft status, ledger sizes, worker
+  queues, computed when ``/metrics`` is served, so they are never stale.
+
+Every method here runs on the event loop, takes no lock a raft thread holds for
+long and does no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from typing import Any, Callable, Iterator, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from raftlog.node import NodeStatus
+from scheduler.commands import (
+    CancelRun, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, Noop, PauseJob, PutJob, ReportLost, StartRuns,
+)
+from scheduler.state import Applied, State
+
+__all__ = ["Metrics", "WorkerGauges", "CONTENT_TYPE", "LATENESS_BUCKETS"]
+
+log = logging.getLogger("raftcron.metrics")
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "raftcron_"
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+API_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+RUN_STATUSES = ("claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost", "cancelled",
+                "skipped", "missed", "dead")
+
+
+class WorkerGauges(Protocol):
+    """What the metrics read of the worker at scrape time."""
+
+    @property
+    def busy(self) -> int: ...
+
+    @property
+    def pending_reports(self) -> int: ...
+
+
+class Metrics:
+    def __init__(self, *, node_id: str, state: State, raft: Callable[[], NodeStatus],
+                 worker: WorkerGauges | None = None) -> None:
+        self.node_id = node_id
+        self.state = state
+        self.raft = raft
+        self.worker = worker
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.runs = Counter(PREFIX + "runs", "Runs that entered a status (by job), from entries applied on "
+                            "this node while it was live", ("job", "status"), registry=r)
+        self.retries = Counter(PREFIX + "retries", "Attempts claimed with trigger retry", ("job",), registry=r)
+        self.lease_expiries = Counter(PREFIX + "lease_expiries", "Attempts lost: lease expired or their node "
+                                      "restarted (ExpireRuns, ReportLost)", ("job",), registry=r)
+        self.elections = Counter(PREFIX + "elections", "Leader changes observed (one per term whose leader "
+                                 "committed its barrier)", registry=r)
+        self.alert_deliveries = Counter(PREFIX + "alert_deliveries", "Alert deliveries by outcome",
+                                        ("outcome",), registry=r)
+        self.lateness = Histogram(PREFIX + "start_lateness_seconds", "Seconds from a slot to its attempt's start "
+                                  "on this node", buckets=LATENESS_BUCKETS, registry=r)
+        self.duration = Histogram(PREFIX + "run_duration_seconds", "Attempt duration on this node",
+                                  ("job",), buckets=DURATION_BUCKETS, registry=r)
+        self.api = Histogram(PREFIX + "api_request_duration_seconds", "API handler latency by route and method",
+                             ("route", "method"), buckets=API_BUCKETS, registry=r)
+        r.register(_ScrapeCollector(self))
+        self._last_term: int | None = None
+
+    # ---- hooks ---------------------------------------------------------------------
+
+    def run_started(self, job: str, lateness_s: float) -> None:
+        """``Worker.on_start``. A worker wakes at the slot by its own clock; a wake a hair early reads 0."""
+        self.lateness.observe(max(0.0, lateness_s))
+
+    def run_finished(self, job: str, status: str, duration_s: float) -> None:
+        """``Worker.on_finish``."""
+        self.duration.labels(job).observe(max(0.0, duration_s))
+
+    def observe_api(self, route: str, method: str, seconds: float) -> None:
+        """Called by the app for each request a route handled (unmatched paths are not: unbounded labels)."""
+        self.api.labels(route, method).observe(seconds)
+
+    def alert_delivered(self, outcome: str) -> None:
+        """For the alerts module: one delivery attempt ended with ``outcome`` (e.g. delivered, failed)."""
+        self.alert_deliveries.labels(outcome).inc()
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+    # ---- applied entries ---------------------------------------------------------------
+
+    def on_applied(self, applied: Applied, replay: bool) -> None:
+        if replay:
+            return
+        try:
+            self._count(applied)
+        except Exception:  # noqa: BLE001 - a metrics bug must not break the dispatch of an entry
+            log.exception("metrics could not count entry %d", applied.index)
+
+    def _count(self, applied: Applied) -> None:
+        cmd, result = applied.command, applied.result
+        match cmd:
+            case Noop():
+                if cmd.term != self._last_term:  # a barrier re-proposed in one term is one election
+                    self._last_term = cmd.term
+                    self.elections.inc()
+            case ClaimSlots():
+                for run in result["runs"]:
+                    self.runs.labels(run["job"], run["status"]).inc()
+                    if run["trigger"] == "retry":
+                        self.retries.labels(run["job"]).inc()
+                self._by_id(result["cancelled"], "cancelled")
+            case StartRuns():
+                self._by_id(result["started"], "running")
+            case FinishRuns():
+                for run in result["finished"]:
+                    self.runs.labels(run["job"], run["status"]).inc()
+            case ExpireRuns() | ReportLost():
+                for run in result["lost"]:
+                    self.runs.labels(run["job"], run["status"]).inc()
+                    self.lease_expiries.labels(run["job"]).inc()
+            case CancelRun():
+                run = result["cancelled"]
+                if run.get("status") == "cancelled":
+                    self.runs.labels(run["job"], "cancelled").inc()
+            case PutJob() | PauseJob():
+                self._by_id(result.get("cancelled") or (), "cancelled")
+            case DeleteJob():
+                self._forget(cmd.name)
+
+    def _by_id(self, run_ids: Any, status: str) -> None:
+        for rid in run_ids:
+            run = self.state.runs.get(rid)
+            if run is not None:
+                self.runs.labels(run["job"], status).inc()
+
+    def _forget(self, job: str) -> None:
+        """A deleted job's series go with it, or a churn of job names would grow the scrape forever."""
+        for status in RUN_STATUSES:
+            self.runs.remove(job, status)
+        for metric in (self.retries, self.lease_expiries, self.duration):
+            metric.remove(job)
+
+
+class _ScrapeCollector:
+    """Gauges read when /metrics is served."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        st = m.raft()
+        info = GaugeMetricFamily(PREFIX + "node_info", "This agent (value 1)", labels=("node_id",))
+        info.add_metric((m.node_id,), 1)
+        yield info
+        yield _gauge("leader", "1 while this node is the raft leader", 1 if st.state == "leader" else 0)
+        yield _gauge("term", "Current raft term", st.term)
+        yield _gauge("commit_index", "Raft commit index", st.commit_index)
+        yield _gauge("applied_index", "Raft index applied to the state machine", st.applied_index)
+        yield _gauge("apply_lag", "Committed entries not yet applied on this node",
+                     max(0, st.commit_index - st.applied_index))
+        yield _gauge("has_quorum", "1 while this node sees a majority", 1 if st.has_quorum else 0)
+        state = m.state
+        by_status = Tally(r["status"] for r in list(state.runs.values()))
+        ledger = GaugeMetricFamily(PREFIX + "ledger_runs", "Runs held in the ledger now, by status",
+                                   labels=("status",))
+        for status in RUN_STATUSES:
+            ledger.add_metric((status,), by_status.get(status, 0))
+        yield ledger
+        jobs = GaugeMetricFamily(PREFIX + "jobs", "Jobs in the store, by status", labels=("status",))
+        paused = sum(1 for rec in list(state.jobs.values()) if rec["spec"].get("paused"))
+        jobs.add_metric(("active",), len(state.jobs) - paused)
+        jobs.add_metric(("paused",), paused)
+        yield jobs
+        yield _gauge("dead_letters", "Runs in the dead-letter list", len(state.dead))
+        yield _gauge("active_runs", "Ledger runs claimed, running or awaiting a retry", len(state.active))
+        w = m.worker
+        yield _gauge("worker_pending_reports", "Starts and results this worker has not had committed yet",
+                     w.pending_reports if w is not None else 0)
+        yield _gauge("worker_busy_attempts", "Attempts executing on this node", w.busy if w is not None else 0)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)

@@ -1,0 +1,319 @@
+// raftcron dashboard: plain JS, no build step. Polls the JSON API of this origin.
+// Everything from the API is put in the page with textContent, never as HTML.
+"use strict";
+
+const POLL_MS = 2000;
+const STRIP = 20;
+const TOKEN_KEY = "raftcron.token";
+const $ = (sel) => document.querySelector(sel);
+let timer = null;
+let selectedRun = null; // run id whose output is shown on a job page
+let loadFailed = false; // the notice shows a load error, to clear once loading works again
+
+// ---- the API ---------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.error && body.error.message) || `HTTP ${status}`);
+    this.status = status;
+  }
+}
+
+async function api(path, method = "GET") {
+  const headers = { Accept: "application/json" };
+  const token = localStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = "Bearer " + token;
+  const resp = await fetch(path, { method, headers, cache: "no-store" });
+  const body = await resp.json().catch(() => null);
+  if (resp.status === 401) askToken(token ? "The saved token was refused." : "");
+  if (!resp.ok) throw new ApiError(resp.status, body);
+  return body;
+}
+
+function askToken(why) {
+  const form = $("#token");
+  form.hidden = false;
+  if (why) notice(why);
+}
+
+$("#token").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  localStorage.setItem(TOKEN_KEY, $("#token-input").value.trim());
+  $("#token").hidden = true;
+  notice("");
+  refresh();
+});
+
+async function act(path, what) {
+  try {
+    await api(path, "POST");
+    notice(what);
+  } catch (err) {
+    notice(`${what} failed: ${err.message}`, true);
+  }
+  refresh();
+}
+
+// ---- small DOM helpers ---------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    el.append(c instanceof Node ? c : String(c));
+  }
+  return el;
+}
+
+function notice(text, bad) {
+  const el = $("#notice");
+  el.textContent = text;
+  el.hidden = !text;
+  el.classList.toggle("bad", !!bad);
+}
+
+const STATUS_TEXT = {
+  timed_out: "timed out", claimed: "claimed (about to run)", running: "running",
+};
+
+function badge(status) {
+  return h("span", { class: `badge s-${status}` }, (STATUS_TEXT[status] || status).split(" (")[0]);
+}
+
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  const secs = Math.round((d - Date.now()) / 1000);
+  const rel = Math.abs(secs) < 90 ? `${Math.abs(secs)}s` : Math.abs(secs) < 5400
+    ? `${Math.round(Math.abs(secs) / 60)}m` : `${Math.round(Math.abs(secs) / 3600)}h`;
+  return `${d.toLocaleString()} (${secs >= 0 ? "in " + rel : rel + " ago"})`;
+}
+
+function dur(ms) {
+  if (ms === null || ms === undefined) return "—";
+  return ms < 1000 ? `${ms} ms` : ms < 120000 ? `${(ms / 1000).toFixed(1)} s` : `${(ms / 60000).toFixed(1)} min`;
+}
+
+function runTip(r) {
+  return `${r.status} · slot ${r.slot} · attempt ${r.attempt} · node ${r.node || "—"} · ${dur(r.duration_ms)}`;
+}
+
+function strip(runs) {
+  const boxes = runs.slice(0, STRIP).reverse().map((r) =>
+    h("span", { class: `box s-${r.status}`, title: runTip(r), role: "img", "aria-label": runTip(r) }));
+  return h("span", { class: "strip" }, boxes.length ? boxes : h("span", { class: "muted" }, "no runs yet"));
+}
+
+function table(head, rows, caption) {
+  return h("table", {},
+    caption ? h("caption", {}, caption) : null,
+    h("thead", {}, h("tr", {}, head.map((c) => h("th", { scope: "col" }, c)))),
+    h("tbody", {}, rows));
+}
+
+// ---- views -------------------------------------------------------------------------------
+
+async function viewCluster() {
+  const c = await api("/v1/cluster");
+  const rows = c.members.map((m) => h("tr", {},
+    h("td", {}, m.node_id || "(unregistered)"), h("td", {}, badge(m.role)),
+    h("td", {}, m.reachable ? h("span", { class: "ok" }, "reachable") : h("span", { class: "down" }, "unreachable")),
+    h("td", {}, m.raft_addr), h("td", {}, m.http_addr || "—"), h("td", { class: "num" }, m.lag ?? "—")));
+  return [
+    h("h1", {}, "Cluster"),
+    h("dl", { class: "facts" },
+      h("dt", {}, "Leader"), h("dd", {}, c.leader ? c.leader.node_id || c.leader.raft_addr : "none (election)"),
+      h("dt", {}, "Term"), h("dd", {}, c.term),
+      h("dt", {}, "Commit index"), h("dd", {}, c.commit_index),
+      h("dt", {}, "Applied index"), h("dd", {}, c.applied_index),
+      h("dt", {}, "Quorum"), h("dd", {}, c.has_quorum ? "yes" : "no"),
+      h("dt", {}, "Answered by"), h("dd", {}, c.node_id)),
+    table(["Node", "Role", "Health", "Raft address", "API address", "Lag"], rows, "Members"),
+  ];
+}
+
+async function viewJobs() {
+  const jobs = (await api("/v1/jobs?limit=1000")).items;
+  const runs = await Promise.all(jobs.map((j) =>
+    api(`/v1/jobs/${encodeURIComponent(j.name)}/runs?limit=${STRIP}`).then((b) => b.items, () => [])));
+  const rows = jobs.map((j, i) => {
+    const last = j.status.last_run;
+    return h("tr", {},
+      h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(j.name)}` }, j.name)),
+      h("td", {}, h("code", {}, j.spec.schedule)),
+      h("td", {}, j.status.paused ? badge("paused") : badge("active")),
+      h("td", {}, j.status.next_slots[0] ? when(j.status.next_slots[0]) : "—"),
+      h("td", {}, last ? badge(last.status) : "—"),
+      h("td", {}, strip(runs[i])));
+  });
+  return [
+    h("h1", {}, `Jobs (${jobs.length})`),
+    jobs.length ? table(["Job", "Schedule", "Status", "Next slot", "Last run", `Last ${STRIP} runs (oldest first)`], rows)
+      : h("p", {}, "No jobs yet: create one with ", h("code", {}, "raftcron apply -f jobs.yaml"), "."),
+    legend(),
+  ];
+}
+
+function legend() {
+  const all = ["succeeded", "running", "claimed", "retrying", "failed", "timed_out", "lost", "dead", "cancelled",
+    "skipped", "missed"];
+  return h("p", { class: "legend", "aria-label": "Colour legend" },
+    all.map((s) => h("span", {}, h("span", { class: `box s-${s}`, "aria-hidden": "true" }), " ", s.replace("_", " "))));
+}
+
+async function viewJob(name) {
+  const q = encodeURIComponent(name);
+  const [job, runs, explain] = await Promise.all([
+    api(`/v1/jobs/${q}`), api(`/v1/jobs/${q}/runs?limit=100`), api(`/v1/jobs/${q}/explain`)]);
+  const st = job.status;
+  const rows = runs.items.map((r) => h("tr", {
+    class: r.id === selectedRun ? "selected" : null, tabindex: "0", "data-run": r.id,
+    onclick: () => showRun(r.id), onkeydown: (ev) => { if (ev.key === "Enter") showRun(r.id); },
+  }, h("td", {}, when(r.slot)), h("td", {}, badge(r.status)), h("td", {}, r.trigger), h("td", { class: "num" }, r.attempt),
+    h("td", {}, r.node || "—"), h("td", { class: "num" }, dur(r.duration_ms)), h("td", {}, h("code", {}, r.id))));
+  return [
+    h("p", {}, h("a", { href: "#/jobs" }, "← all jobs")),
+    h("h1", {}, name, " ", st.paused ? badge("paused") : badge("active")),
+    h("div", { class: "actions" },
+      st.paused ? h("button", { onclick: () => act(`/v1/jobs/${q}/resume`, `resumed ${name}`) }, "Resume")
+        : h("button", { onclick: () => act(`/v1/jobs/${q}/pause`, `paused ${name}`) }, "Pause"),
+      h("button", { onclick: () => act(`/v1/jobs/${q}/run`, `asked to run ${name} now`) }, "Run now")),
+    h("dl", { class: "facts" },
+      h("dt", {}, "Schedule"), h("dd", {}, h("code", {}, job.spec.schedule), job.spec.timezone ? ` (${job.spec.timezone})` : ""),
+      h("dt", {}, "Executor"), h("dd", {}, job.spec.executor),
+      h("dt", {}, "Next slots"), h("dd", {}, st.next_slots.length ? st.next_slots.slice(0, 3).map(when).join(" · ") : "—"),
+      h("dt", {}, "Consecutive failures"), h("dd", {}, st.consecutive_failures),
+      st.pause_note ? [h("dt", {}, "Pause note"), h("dd", {}, st.pause_note)] : null),
+    h("h2", {}, "Runs over time"),
+    chart(runs.items),
+    h("div", { id: "run-detail" }),
+    table(["Slot", "Status", "Trigger", "Attempt", "Node", "Duration", "Run"], rows,
+      "Runs, newest first — select one to see its output"),
+    h("h2", {}, "Explain"),
+    h("ol", { class: "explain" }, explain.items.slice(0, 50).map((e) =>
+      h("li", {}, h("span", { class: "when" }, e.slot || e.at || ""), " ", badge(e.status), " ", e.reason))),
+  ];
+}
+
+function chart(runs) {
+  const NS = "http://www.w3.org/2000/svg";
+  const W = 800, H = 140, P = 24;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `Duration of the last ${runs.length} runs by slot, coloured by status`);
+  const pts = runs.map((r) => ({ r, t: Date.parse(r.slot) })).filter((p) => !isNaN(p.t));
+  if (!pts.length) return h("p", { class: "muted" }, "no runs yet");
+  const t0 = Math.min(...pts.map((p) => p.t)), t1 = Math.max(...pts.map((p) => p.t));
+  const dmax = Math.max(1, ...pts.map((p) => p.r.duration_ms || 0));
+  const add = (tag, attrs, title) => {
+    const el = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (title) { const t = document.createElementNS(NS, "title"); t.textContent = title; el.append(t); }
+    svg.append(el);
+    return el;
+  };
+  add("line", { x1: P, y1: H - P, x2: W - 4, y2: H - P, class: "axis" });
+  const label = (x, y, text, anchor) => { add("text", { x, y, "text-anchor": anchor, class: "tick" }).textContent = text; };
+  label(P, H - 6, new Date(t0).toLocaleTimeString(), "start");
+  label(W - 4, H - 6, new Date(t1).toLocaleTimeString(), "end");
+  label(P, 12, `${dur(dmax)}`, "start");
+  const bw = Math.max(3, Math.min(14, (W - P) / pts.length - 2));
+  for (const { r, t } of pts) {
+    const x = P + (t1 === t0 ? (W - P) / 2 : ((t - t0) / (t1 - t0)) * (W - P - bw - 4));
+    const hgt = Math.max(4, ((r.duration_ms || 0) / dmax) * (H - 2 * P - 8));
+    add("rect", { x: x.toFixed(1), y: (H - P - hgt).toFixed(1), width: bw, height: hgt.toFixed(1), class: `bar s-${r.status}` },
+      runTip(r));
+  }
+  return svg;
+}
+
+async function showRun(id) {
+  selectedRun = id;
+  const box = $("#run-detail");
+  if (!box) return;
+  try {
+    const r = await api(`/v1/runs/${encodeURIComponent(id)}`);
+    box.replaceChildren(runDetail(r));
+  } catch (err) {
+    box.replaceChildren(h("p", { class: "bad" }, `run ${id}: ${err.message}`));
+  }
+  for (const tr of document.querySelectorAll("tr[data-run]")) tr.classList.toggle("selected", tr.dataset.run === id);
+}
+
+function runDetail(r) {
+  return h("section", { class: "detail", "aria-label": `Run ${r.id}` },
+    h("h2", {}, "Run ", h("code", {}, r.id), " ", badge(r.status),
+      h("button", { class: "close", onclick: () => { selectedRun = null; $("#run-detail").replaceChildren(); } }, "Close")),
+    h("dl", { class: "facts" },
+      h("dt", {}, "Slot"), h("dd", {}, r.slot), h("dt", {}, "Attempt"), h("dd", {}, `${r.attempt} (${r.trigger})`),
+      h("dt", {}, "Node"), h("dd", {}, r.node || "—"), h("dt", {}, "Started"), h("dd", {}, r.started_at || "—"),
+      h("dt", {}, "Duration"), h("dd", {}, dur(r.duration_ms)),
+      h("dt", {}, "Result"), h("dd", {}, r.http_status !== null ? `HTTP ${r.http_status}` : r.exit_code !== null ? `exit ${r.exit_code}` : "—")),
+    r.error ? [h("h3", {}, "Error"), h("pre", { class: "err" }, r.error)] : null,
+    h("h3", {}, "Output"), h("pre", {}, r.output || "(none)"));
+}
+
+async function viewDead() {
+  const dead = (await api("/v1/dead-letters?limit=1000")).items;
+  const rows = dead.map((r) => h("tr", {},
+    h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job)}` }, r.job)), h("td", {}, when(r.slot)),
+    h("td", { class: "num" }, r.attempt), h("td", {}, r.node || "—"), h("td", {}, r.error || "—"),
+    h("td", {}, h("button", { onclick: () => act(`/v1/dead-letters/${encodeURIComponent(r.id)}/replay`, `replaying ${r.id}`) }, "Replay"))));
+  return [h("h1", {}, `Dead letters (${dead.length})`),
+    dead.length ? table(["Job", "Slot", "Attempts", "Node", "Error", ""], rows) : h("p", {}, "No dead letters.")];
+}
+
+// ---- routing and polling ----------------------------------------------------------------
+
+function route() {
+  const parts = (location.hash.replace(/^#\/?/, "") || "jobs").split("/");
+  if (parts[0] === "jobs" && parts[1]) return { view: "jobs", render: () => viewJob(decodeURIComponent(parts[1])) };
+  if (parts[0] === "cluster") return { view: "cluster", render: viewCluster };
+  if (parts[0] === "dead") return { view: "dead", render: viewDead };
+  return { view: "jobs", render: viewJobs };
+}
+
+async function summary() {
+  const c = await api("/v1/cluster");
+  const reach = c.members.filter((m) => m.reachable).length;
+  $("#summary").textContent = `leader ${c.leader ? c.leader.node_id || c.leader.raft_addr : "none"} · term ${c.term}` +
+    ` · commit ${c.commit_index} · ${reach}/${c.members.length} reachable · via ${c.node_id}`;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const r = route();
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.view === r.view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  try {
+    const [nodes] = await Promise.all([r.render(), summary()]);
+    const detail = $("#run-detail");
+    const keep = detail ? detail.firstChild : null; // a run's output stays open across refreshes
+    $("#main").replaceChildren(...nodes);
+    if (loadFailed) notice("");
+    loadFailed = false;
+    if (keep && $("#run-detail")) {
+      $("#run-detail").replaceChildren(keep);
+      if (selectedRun) showRun(selectedRun); // its status may have moved on
+    }
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) {
+      $("#main").replaceChildren(h("p", {}, "Enter the cluster's API token above to see its data."));
+    } else {
+      notice(`cannot load: ${err.message}`, true);
+      loadFailed = true;
+    }
+  }
+  timer = setTimeout(refresh, POLL_MS);
+}
+
+window.addEventListener("hashchange", () => { selectedRun = null; refresh(); });
+refresh();

@@ -1,0 +1,211 @@
+"""The bench rig: fresh clusters of real agents, machine load, statistics, tables, JSON.
+
+Every benchmark in this folder starts its own 3-node cluster through
+tests/cluster/harness.py, stops only the processes it started (by the PIDs the
+harness holds), and records the load average around each measurement: the
+machine has 2 cores and is shared, so a number without its load is not a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from tests.cluster.harness import ROOT, Cluster, Node, free_ports, http, wait_for
+
+__all__ = ["RESULTS", "AGENT_FLAGS", "common_args", "fresh_cluster", "machine", "load", "pct", "summary",
+           "median_of", "table", "write_results", "leader_of", "term_of", "caught_up", "ms", "spawn",
+           "stop_process", "free_port"]
+
+RESULTS = ROOT / "bench" / "results"
+AGENT_FLAGS = ["--log-level", "warning"]
+SECRET = "bench-secret"
+
+
+def common_args(p: argparse.ArgumentParser, repeat: int = 3) -> None:
+    p.add_argument("--repeat", type=int, default=repeat, help=f"fresh-cluster repetitions; medians are quoted (default {repeat})")
+    p.add_argument("--quick", action="store_true", help="a ~1 minute version: fewer requests, shorter windows, repeat 1")
+    p.add_argument("--keep", action="store_true", help="keep the clusters' data and logs under bench/results/runs/")
+
+
+# ---- the machine -----------------------------------------------------------------------------
+
+
+def load() -> dict[str, float]:
+    one, five, fifteen = os.getloadavg()
+    return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
+
+
+def _busy_processes(limit: int = 6) -> list[str]:
+    """The busiest processes right now (other engineers' tests show up here)."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pcpu=,args=", "--sort=-pcpu"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [" ".join(line.split())[:120] for line in out.splitlines()[:limit]]
+
+
+def machine() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "cpus": os.cpu_count(), "python": sys.version.split()[0], "commit": git("rev-parse", "--short", "HEAD"),
+        "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "load_at_start": load(), "busy_processes_at_start": _busy_processes(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# ---- clusters ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fresh_cluster(label: str, extra: Sequence[str] = (), keep: bool = False, size: int = 3) -> Iterator[Cluster]:
+    """A started, registered cluster; stopped (SIGTERM, then SIGKILL) on exit, by PID only."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"raftcron-bench-{label}-"))
+    cluster = Cluster.create(tmp, size, secret=SECRET, extra=[*AGENT_FLAGS, *extra])
+    failed = False
+    try:
+        cluster.start()
+        cluster.wait_registered(timeout=60)
+        yield cluster
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        for n in cluster.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                try:
+                    n.resume()
+                    n.terminate(15)
+                except AssertionError:
+                    pass  # terminate() already SIGKILLed it
+        if keep or failed:
+            dest = RESULTS / "runs" / tmp.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            for log in tmp.glob("*.log"):
+                dest.mkdir(exist_ok=True)
+                shutil.copy(log, dest / log.name)
+            if failed:
+                print(f"[bench] agent logs kept in {dest}", file=sys.stderr)
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def leader_of(cluster: Cluster, timeout: float = 30.0) -> Node:
+    return cluster.leader(timeout=timeout)
+
+
+def term_of(node: Node, timeout: float = 2.0) -> int | None:
+    status, body = http("GET", node.url + "/v1/cluster", timeout=timeout)
+    return int(body["term"]) if status == 200 else None
+
+
+def caught_up(cluster: Cluster, node: Node, timeout: float = 60.0) -> float:
+    """Wait until ``node`` applied everything the leader had committed when we asked; seconds taken."""
+    t0 = time.monotonic()
+
+    def check() -> bool:
+        leader = cluster.leader(timeout=10)
+        target = leader.get("/v1/cluster", timeout=2)["commit_index"]
+        mine = node.get("/v1/cluster", timeout=2)
+        return bool(mine.get("leader")) and mine["applied_index"] >= target
+
+    wait_for(f"{node.name} to catch up with the leader", check, timeout, interval=0.05)
+    return time.monotonic() - t0
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not values:
+        return None
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50": pct(values, 50), "p90": pct(values, 90), "p99": pct(values, 99),
+            "max": max(values) if values else None, "mean": statistics.fmean(values) if values else None}
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def ms(seconds: float | None, digits: int = 1) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.{digits}f}"
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
+
+
+def write_results(name: str, doc: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc.setdefault("machine", {})["load_at_end"] = load()
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    print(f"\n[bench] wrote {path.relative_to(ROOT)}")
+    return path
+
+
+# ---- helper processes (floor server, sink) -----------------------------------------------------------
+
+
+def spawn(module: str, *args: str, ready_timeout: float = 20.0) -> subprocess.Popen[str]:
+    """Start ``python -m module args`` from the repo root; wait for its "ready" line."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + ready_timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.strip() == "ready":
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    stop_process(proc)
+    raise AssertionError(f"{module} did not say ready within {ready_timeout}s")
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM one process we started, by its PID; SIGKILL if it ignores that."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def free_port() -> int:
+    return free_ports(1)[0]

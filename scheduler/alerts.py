@@ -1,0 +1,124 @@
+"""Alert rules: which ledger changes raise an alert, decided inside ``apply``.
+
+Alerts are records of the replicated state, created by the same deterministic
+transitions that change the ledger, so every replica holds the same pending
+alerts. Only the leader delivers them (``scheduler.alert_sender``) and commits
+each delivery's outcome; a new leader finds the undelivered ones and sends
+them, and none is created twice because its creation is an applied entry.
+
+One alert per state change, not one per run:
+
+- ``failure``: the job's consecutive failures reach ``after_failures`` (once a streak);
+- ``recovery``: the first success after an alerted failure streak;
+- ``missed``: slots recorded missed by one decision (one alert, with the count);
+- ``dead``: an attempt became a dead letter;
+- ``late``: an attempt started more than ``late_after`` after its slot;
+- ``duration``: a success took over 3x (or under a third of) the median of
+  the job's last successful runs (at least 5 of them);
+- ``duplicate``: a slot's attempt started although an earlier attempt of the
+  same slot had started too (it was lost, maybe while still running), so the
+  side effect may have happened twice.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .state import State
+
+__all__ = ["raise_alert", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
+
+MAX_KEPT = 1000  # delivered or given-up alerts kept; pending ones are never dropped
+MAX_ATTEMPTS = 8
+
+
+def _wants(state: State, job_name: str, event: str) -> bool:
+    job = state.job(job_name)
+    return job is not None and any(str(e) == event for e in job.alerts.on)
+
+
+def raise_alert(state: State, event: str, run: dict[str, Any] | None, job: str, at_us: int, **extra: Any) -> None:
+    if not _wants(state, job, event):
+        return
+    state.alert_seq += 1
+    aid = f"a{state.alert_seq:x}"
+    state.alerts[aid] = {
+        "id": aid, "event": event, "job": job, "run_id": run["id"] if run else None,
+        "slot_us": run["slot_us"] if run else extra.get("first_us"), "run_status": run["status"] if run else None,
+        "error": (run or {}).get("error") or extra.get("error"), "attempt": run["attempt"] if run else None,
+        "node": run["node"] if run else None, "created_us": at_us, "status": "pending", "attempts": 0,
+        "next_us": at_us, "last_error": None, "delivered_us": None, "extra": extra,
+    }
+    _trim(state)
+
+
+def _trim(state: State) -> None:
+    done = [a for a, rec in state.alerts.items() if rec["status"] != "pending"]
+    for aid in done[: max(0, len(done) - MAX_KEPT)]:
+        del state.alerts[aid]
+
+
+def on_finished(state: State, run: dict[str, Any], rec: dict[str, Any], at_us: int) -> dict[str, Any]:
+    """After a finish changed ``run``; returns the job record's alert fields updated."""
+    job = state.job(run["job"])
+    if job is None:
+        return rec
+    alerted = bool(rec.get("failure_alerted"))
+    if run["status"] == "succeeded":
+        if alerted:
+            raise_alert(state, "recovery", run, run["job"], at_us)
+        _duration_check(state, run, at_us)
+        return {**rec, "failure_alerted": False}
+    if rec["consecutive_failures"] == job.alerts.after_failures and not alerted:
+        raise_alert(state, "failure", run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])
+        return {**rec, "failure_alerted": True}
+    return rec
+
+
+def _duration_check(state: State, run: dict[str, Any], at_us: int) -> None:
+    if run["started_us"] is None or run["finished_us"] is None:
+        return
+    took = run["finished_us"] - run["started_us"]
+    past = []
+    for rid in reversed(state.job_runs.get(run["job"], [])):
+        r = state.runs.get(rid)
+        if r is None or r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None:
+            continue
+        past.append(r["finished_us"] - r["started_us"])
+        if len(past) == 20:
+            break
+    if len(past) < 5:
+        return
+    typical = median(past)
+    if typical > 0 and (took > 3 * typical or took * 3 < typical) and abs(took - typical) > 1_000_000:
+        raise_alert(state, "duration", run, run["job"], at_us, duration_ms=took // 1000,
+                    typical_ms=int(typical) // 1000)
+
+
+def on_missed(state: State, job: str, count: int, first_us: int, last_us: int, at_us: int) -> None:
+    raise_alert(state, "missed", None, job, at_us, count=count, first_us=first_us, last_us=last_us,
+                error=f"{count} slot(s) missed while no leader could dispatch")
+
+
+def on_dead(state: State, run: dict[str, Any], at_us: int) -> None:
+    raise_alert(state, "dead", run, run["job"], at_us)
+
+
+def on_started(state: State, run: dict[str, Any], at_us: int) -> None:
+    job = state.job(run["job"])
+    if job is None or run["started_us"] is None:
+        return
+    late = run["started_us"] - run["slot_us"]
+    if late > job.alerts.late_after * 1_000_000:
+        raise_alert(state, "late", run, run["job"], at_us, late_ms=late // 1000)
+    prev_id = run["retry_of"]
+    while prev_id:
+        prev = state.runs.get(prev_id)
+        if prev is None:
+            break
+        if prev["started_us"] is not None and prev["status"] in ("lost", "dead"):
+            raise_alert(state, "duplicate", run, run["job"], at_us, earlier_run=prev_id)
+            break
+        prev_id = prev["retry_of"]
