@@ -37,6 +37,7 @@ from scheduler.worker import Worker
 from .app import create_app
 from .context import ApiContext, Tokens
 from .logs import setup_logging
+from .metrics import Metrics
 
 __all__ = ["AgentConfig", "Agent", "add_agent_arguments", "run_agent", "config_from_args"]
 
@@ -138,6 +139,7 @@ class Agent:
         self._runner: web.AppRunner | None = None
         self.http = HttpExecutor(now=self.clock.now)
         self.worker: Worker | None = None
+        self.metrics: Metrics | None = None
 
     # ---- raft thread -> event loop ----------------------------------------------------
 
@@ -151,6 +153,8 @@ class Agent:
             pass  # loop closed during shutdown
 
     def _dispatch(self, applied: Applied, replay: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.on_applied(applied, replay)
         if self.worker is not None:
             self.worker.on_applied(applied, replay)
         if self.leader is not None and self._leader_task is not None and not self._leader_task.done():
@@ -172,9 +176,12 @@ class Agent:
         self.service = service
         self.worker = Worker(service, self.clock, {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)},
                              lease=c.lease)
+        self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status, worker=self.worker)
+        self.worker.on_start, self.worker.on_finish = self.metrics.run_started, self.metrics.run_finished
         self.worker.start()
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=self.live, tokens=Tokens(c.api_token, c.api_read_token))
+                         live=self.live, tokens=Tokens(c.api_token, c.api_read_token),
+                         extras={"metrics": self.metrics, "observe_api": self.metrics.observe_api})
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
         await self._runner.setup()

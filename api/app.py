@@ -18,7 +18,7 @@ from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthor
 
 from .context import ApiContext
 from .routing import Route, openapi, parse_params
-from .routes import cluster, jobs, runs
+from .routes import cluster, jobs, metrics, runs, ui
 from .schemas import COMPONENTS
 
 __all__ = ["create_app", "CTX", "ROUTES", "openapi_document", "VERSION"]
@@ -32,7 +32,7 @@ Middleware = Callable[[web.Request, Callable[[web.Request], Awaitable[web.Stream
 
 
 def _all_routes() -> list[Route]:
-    return [*cluster.ROUTES, *jobs.ROUTES, *runs.ROUTES]
+    return [*cluster.ROUTES, *jobs.ROUTES, *runs.ROUTES, *metrics.ROUTES, *ui.ROUTES]
 
 
 ROUTES = _all_routes()

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -32,7 +33,7 @@ from scheduler.commands import (
 )
 from scheduler.state import Applied, State
 
-__all__ = ["Metrics", "WorkerGauges", "CONTENT_TYPE", "LATENESS_BUCKETS"]
+__all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "Metrics", "WorkerGauges"]
 
 log = logging.getLogger("raftcron.metrics")
 

@@ -29,7 +29,7 @@ import aiohttp
 
 from tests.cluster.harness import Cluster
 
-from .rig import (common_args, free_port, fresh_cluster, leader_of, load, machine, median_of, ms, spawn,
+from .rig import (CpuMeter, common_args, free_port, fresh_cluster, leader_of, load, machine, median_of, ms, spawn,
                   stop_process, summary, table, term_of, write_results)
 
 CONFIGS: dict[str, list[str]] = {"fsync": [], "no-fsync": ["--no-fsync"]}
@@ -110,10 +110,14 @@ def measure_cluster(cluster: Cluster, a: argparse.Namespace, tag: str) -> dict[s
     out: dict[str, Any] = {"load_before": load(), "leader": leader.name, "follower": follower.name, "phases": {}}
     terms0 = _terms(cluster)
     for where, node in (("leader", leader), ("follower", follower)):
-        out["phases"][f"seq_{where}"] = asyncio.run(sequential(node.url, a.seq, f"{tag}-s{where[0]}"))
+        with CpuMeter(cluster) as cpu:
+            out["phases"][f"seq_{where}"] = asyncio.run(sequential(node.url, a.seq, f"{tag}-s{where[0]}"))
+        out["phases"][f"seq_{where}"]["cpu"] = cpu.result
     for where, node in (("leader", leader), ("follower", follower)):
-        out["phases"][f"load_{where}"] = asyncio.run(
-            saturate(node.url, a.requests, a.seconds, a.inflight, f"{tag}-t{where[0]}"))
+        with CpuMeter(cluster) as cpu:
+            out["phases"][f"load_{where}"] = asyncio.run(
+                saturate(node.url, a.requests, a.seconds, a.inflight, f"{tag}-t{where[0]}"))
+        out["phases"][f"load_{where}"]["cpu"] = cpu.result
     terms1 = _terms(cluster)
     out["terms_before"], out["terms_after"] = terms0, terms1
     out["term_changes"] = max((t for t in terms1.values() if t is not None), default=0) - \
@@ -183,9 +187,19 @@ def _summarise(runs: list[dict[str, Any]], configs: list[str]) -> list[dict[str,
                 "load_p99_ms": _m(median_of(r["phases"][thr]["latency"]["p99"] for r in rs)),
                 "errors": sum(r["phases"][seq]["errors"] + sum(r["phases"][thr]["errors"].values()) for r in rs),
                 "term_changes": None if cfg == "floor" else sum(r["term_changes"] for r in rs),
+                "cores_used_under_load": median_of(r["phases"][thr].get("cpu", {}).get("cores_used") for r in rs),
+                "agent_cpu_ms_per_write": _m(median_of(_cpu_per_write(r["phases"][thr]) for r in rs)),
                 "load_1m": [r["load_before"]["1m"] for r in rs],
             })
     return rows
+
+
+def _cpu_per_write(phase: dict[str, Any]) -> float | None:
+    cpu = phase.get("cpu")
+    if not cpu or not phase["ok"]:
+        return None
+    agents = [v for k, v in cpu["cpu_s"].items() if k != "bench" and v is not None]
+    return sum(agents) / phase["ok"] if agents else None
 
 
 def _m(v: float | None) -> float | None:
@@ -195,9 +209,10 @@ def _m(v: float | None) -> float | None:
 def _print(rows: list[dict[str, Any]]) -> None:
     print()
     print(table(["config", "target", "PUT p50 ms", "PUT p99 ms", "writes/s (64 in flight)", "p50/p99 ms under load",
-                 "errors", "term changes", "load 1m"],
+                 "errors", "term changes", "agent CPU ms/write", "cores busy", "load 1m"],
                 [[r["config"], r["target"], r["p50_ms"], r["p99_ms"], r["writes_per_s"],
                   f"{r['load_p50_ms']}/{r['load_p99_ms']}", r["errors"], r["term_changes"],
+                  r["agent_cpu_ms_per_write"], r["cores_used_under_load"],
                   ",".join(str(x) for x in r["load_1m"])] for r in rows]))
     print(f"goals: PUT p50 <= {GOAL_P50 * 1000:.0f} ms, >= {GOAL_RATE:.0f} writes/s")
 

@@ -26,7 +26,7 @@ from tests.cluster.harness import ROOT, Cluster, Node, free_ports, http, wait_fo
 
 __all__ = ["RESULTS", "AGENT_FLAGS", "common_args", "fresh_cluster", "machine", "load", "pct", "summary",
            "median_of", "table", "write_results", "leader_of", "term_of", "caught_up", "ms", "spawn",
-           "stop_process", "free_port"]
+           "stop_process", "free_port", "cpu_seconds", "CpuMeter"]
 
 RESULTS = ROOT / "bench" / "results"
 AGENT_FLAGS = ["--log-level", "warning"]
@@ -209,3 +209,39 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process (all its threads) has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds used by each of the cluster's agents (and this process) over a phase."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._t0 = 0.0
+        self._start: dict[str, float | None] = {}
+
+    def _sample(self) -> dict[str, float | None]:
+        out = {n.name: cpu_seconds(n.proc.pid) if n.alive() and n.proc else None for n in self.cluster.nodes}
+        out["bench"] = cpu_seconds(os.getpid())
+        return out
+
+    def __enter__(self) -> "CpuMeter":
+        self._t0 = time.monotonic()
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        end, wall = self._sample(), time.monotonic() - self._t0
+        self.result = {"wall_s": round(wall, 3), "cpu_s": {
+            k: (round(end[k] - v, 3) if v is not None and end.get(k) is not None else None)  # type: ignore[operator]
+            for k, v in self._start.items()}}
+        used = [v for v in self.result["cpu_s"].values() if v is not None]
+        self.result["cores_used"] = round(sum(used) / wall, 2) if wall > 0 else None

@@ -39,9 +39,12 @@ def cluster_view(ctx: ApiContext) -> dict[str, Any]:
         reg = registered.get(addr, {})
         me = addr == ctx.raft_addr
         p = partners.get(addr)
-        role = "leader" if addr == st.leader else ("follower" if st.leader else "unknown")
         if me:
             role = st.state
+        elif p is None:
+            role = "removed"  # registered once, no longer in the raft configuration
+        else:
+            role = "leader" if addr == st.leader else ("follower" if st.leader else "unknown")
         lag = None
         if st.state == "leader" and p is not None and p.match_index is not None:
             lag = max(0, st.commit_index - p.match_index)

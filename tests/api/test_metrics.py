@@ -1,0 +1,216 @@
+"""GET /metrics: a real single-node agent in this process runs an every-second job against a
+local sink; the scrape then holds every metric family the dashboard and alerting rely on.
+
+The counting rules themselves (replay ignored, one election per term, a deleted job's series
+dropped) are checked on a bare ``Metrics`` fed hand-made applied entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.agent import Agent, AgentConfig
+from api.metrics import Metrics
+from raftlog.node import NodeStatus
+from scheduler.commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, Noop
+from scheduler.state import Applied, State
+
+WRITE, READ = "w", "r"
+FAMILIES = {
+    "raftcron_runs": "counter", "raftcron_ledger_runs": "gauge", "raftcron_start_lateness_seconds": "histogram",
+    "raftcron_run_duration_seconds": "histogram", "raftcron_leader": "gauge", "raftcron_term": "gauge",
+    "raftcron_commit_index": "gauge", "raftcron_applied_index": "gauge", "raftcron_apply_lag": "gauge",
+    "raftcron_elections": "counter", "raftcron_lease_expiries": "counter", "raftcron_retries": "counter",
+    "raftcron_dead_letters": "gauge", "raftcron_alert_deliveries": "counter",
+    "raftcron_api_request_duration_seconds": "histogram", "raftcron_worker_pending_reports": "gauge",
+    "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _until(what: str, check: Callable[[], Awaitable[Any]], bound: float) -> Any:
+    deadline = time.monotonic() + bound
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"waited {bound}s for {what}; last seen: {last!r:.300}")
+
+
+class Node:
+    def __init__(self, base: str, http: aiohttp.ClientSession) -> None:
+        self.base, self.http = base, http
+
+    async def call(self, method: str, path: str, token: str | None = WRITE, **kw: Any) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.http.request(method, self.base + path, headers=headers, **kw) as resp:
+            body = await resp.json() if resp.content_type == "application/json" else await resp.text()
+            return resp.status, body
+
+
+@pytest_asyncio.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    http_addr = f"127.0.0.1:{_free_port()}"
+    agent = Agent(AgentConfig(node_id="n1", raft_addr=f"127.0.0.1:{_free_port()}", peers=(), http_addr=http_addr,
+                              data_dir=tmp_path / "n1", secret="test", fsync=False, api_token=WRITE,
+                              api_read_token=READ))
+    await agent.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Node(f"http://{http_addr}", http)
+    finally:
+        await agent.stop()
+
+
+@pytest_asyncio.fixture
+async def sink() -> AsyncIterator[tuple[str, list[str]]]:
+    hits: list[str] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        hits.append(request.headers.get("X-Raftcron-Run-Id", ""))
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("/hook")), hits
+    finally:
+        await server.close()
+
+
+def _samples(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(family: Any, sample: str, **labels: str) -> float:
+    return sum(s.value for s in family.samples if s.name == sample and labels.items() <= s.labels.items())
+
+
+async def test_the_scrape_holds_every_family_after_a_run_succeeded(node: Node, sink: tuple[str, list[str]]) -> None:
+    url, hits = sink
+
+    async def registered() -> bool:
+        status, body = await node.call("GET", "/v1/cluster")
+        return status == 200 and body["leader"] is not None and any(m["node_id"] == "n1" for m in body["members"])
+
+    await _until("n1 to lead and be registered", registered, 20)
+    doc = {"name": "tick", "schedule": "@every 1s", "executor": "http", "http": {"url": url, "method": "POST"}}
+
+    async def stored() -> bool:
+        status, body = await node.call("PUT", "/v1/jobs/tick", json=doc)
+        assert status in (200, 201, 503, 504), body
+        return status in (200, 201)
+
+    await _until("the job stored", stored, 20)
+
+    async def succeeded() -> list[Any]:
+        _, body = await node.call("GET", "/v1/jobs/tick/runs?status=succeeded")
+        return list(body["items"])
+
+    await _until("a succeeded run of tick", succeeded, 20)
+    assert hits, "the sink was never called"
+
+    status, text = await node.call("GET", "/metrics", token=READ)
+    assert status == 200, text
+    families = _samples(text)
+    missing = {n for n in FAMILIES if n not in families}
+    assert not missing, f"families missing from /metrics: {sorted(missing)}"
+    wrong = {n: families[n].type for n, t in FAMILIES.items() if families[n].type != t}
+    assert not wrong, f"families of the wrong type: {wrong}"
+    assert _value(families["raftcron_runs"], "raftcron_runs_total", job="tick", status="succeeded") > 0
+    assert _value(families["raftcron_runs"], "raftcron_runs_total", job="tick", status="claimed") > 0
+    assert _value(families["raftcron_start_lateness_seconds"], "raftcron_start_lateness_seconds_count") > 0
+    assert _value(families["raftcron_run_duration_seconds"], "raftcron_run_duration_seconds_count", job="tick") > 0
+    assert _value(families["raftcron_leader"], "raftcron_leader") == 1
+    assert _value(families["raftcron_elections"], "raftcron_elections_total") >= 1
+    assert _value(families["raftcron_term"], "raftcron_term") >= 1
+    assert _value(families["raftcron_ledger_runs"], "raftcron_ledger_runs", status="succeeded") >= 1
+    commit = _value(families["raftcron_commit_index"], "raftcron_commit_index")
+    assert commit >= _value(families["raftcron_applied_index"], "raftcron_applied_index") > 0
+    api = families["raftcron_api_request_duration_seconds"]
+    assert _value(api, "raftcron_api_request_duration_seconds_count", route="/v1/jobs/{name}/runs", method="GET") > 0
+    assert _value(api, "raftcron_api_request_duration_seconds_count", route="/v1/jobs/{name}", method="PUT") > 0
+
+
+async def test_metrics_need_a_token_like_every_other_path(node: Node) -> None:
+    status, body = await node.call("GET", "/metrics", token=None)
+    assert status == 401, body
+    status, body = await node.call("GET", "/metrics", token="nope")
+    assert status == 401, body
+    status, text = await node.call("GET", "/metrics", token=WRITE)
+    assert status == 200 and "raftcron_leader" in text
+
+
+# ---- the counting rules, on a bare Metrics ------------------------------------------------------
+
+
+def _bare() -> Metrics:
+    status = NodeStatus(raft_addr="a", state="follower", leader="b", term=4, commit_index=9, applied_index=7,
+                        has_quorum=True, raft_thread_alive=True)
+    return Metrics(node_id="n1", state=State(), raft=lambda: status)
+
+
+def _run(rid: str, job: str, status: str, trigger: str = "schedule") -> dict[str, Any]:
+    return {"id": rid, "job": job, "status": status, "trigger": trigger}
+
+
+def test_counts_come_from_live_entries_only() -> None:
+    m = _bare()
+    claim = ClaimSlots(at_us=0, leader="n1", term=4, claims=(Claim(job="a", slot_us=0, trigger="retry"),))
+    claimed = {"runs": [_run("r1", "a", "claimed", "retry"), _run("r2", "a", "skipped")], "refused": [], "cancelled": []}
+    m.on_applied(Applied(claim, 5, claimed), replay=True)  # an entry of the journal read at start-up
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total") == 0
+    m.on_applied(Applied(claim, 5, claimed), replay=False)
+    m.on_applied(Applied(FinishRuns(at_us=0, node="n1", results=()), 6,
+                         {"finished": [_run("r1", "a", "dead")], "stale": []}), replay=False)
+    m.on_applied(Applied(ExpireRuns(at_us=0, leader="n1", term=4, runs=("r3",)), 7,
+                         {"lost": [_run("r3", "b", "lost")]}), replay=False)
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="a", status="claimed") == 1
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="a", status="skipped") == 1
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="a", status="dead") == 1
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="b", status="lost") == 1
+    assert _value(fam["raftcron_retries"], "raftcron_retries_total", job="a") == 1
+    assert _value(fam["raftcron_lease_expiries"], "raftcron_lease_expiries_total", job="b") == 1
+    assert _value(fam["raftcron_leader"], "raftcron_leader") == 0
+    assert _value(fam["raftcron_apply_lag"], "raftcron_apply_lag") == 2
+    m.on_applied(Applied(DeleteJob(at_us=0, name="a"), 8, {"deleted": "a", "runs": 2}), replay=False)
+    fam = _samples(m.render().decode())
+    assert not [s for s in fam["raftcron_runs"].samples if s.labels.get("job") == "a"], "a deleted job's series stay"
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="b", status="lost") == 1
+
+
+def test_one_election_per_term_and_alert_outcomes() -> None:
+    m = _bare()
+    for index, term in enumerate((3, 3, 4, 6), start=1):  # term 3's barrier was proposed twice
+        m.on_applied(Applied(Noop(at_us=0, node="n1", term=term), index, None), replay=False)
+    m.alert_delivered("delivered")
+    m.alert_delivered("failed")
+    m.alert_delivered("delivered")
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_elections"], "raftcron_elections_total") == 3
+    alerts = fam["raftcron_alert_deliveries"]
+    assert _value(alerts, "raftcron_alert_deliveries_total", outcome="delivered") == 2
+    assert _value(alerts, "raftcron_alert_deliveries_total", outcome="failed") == 1
