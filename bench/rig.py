@@ -171,7 +171,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def write_results(name: str, doc: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    doc.setdefault("machine", {})["load_at_end"] = load()
+    if isinstance(doc.get("machine"), dict):
+        doc["machine"]["load_at_end"] = load()
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     print(f"\n[bench] wrote {path.relative_to(ROOT)}")

@@ -86,6 +86,7 @@ class Claim:
     reason: str | None = None
     retry_of: str | None = None
     cause: str | None = None  # dependency: the upstream run id; manual: the request key
+    not_before_us: int | None = None  # a retry claimed ahead: fire at its backoff instant, not at the slot
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

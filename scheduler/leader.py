@@ -49,6 +49,7 @@ class LeaderLoop:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self.claimed_total = 0
+        self.ticks = 0
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -60,6 +61,9 @@ class LeaderLoop:
             self._dirty.add(cmd.name)
         else:
             return
+        self._wake.set()
+
+    def wake(self) -> None:
         self._wake.set()
 
     # ---- the loop ----------------------------------------------------------------
@@ -76,6 +80,7 @@ class LeaderLoop:
         while self.svc.node.is_leader():
             try:
                 await self._tick(led_since)
+                self.ticks += 1
             except RaftcronError as exc:
                 log.warning("leader tick could not commit: %s", exc)
                 if not self.svc.node.is_leader():
@@ -135,7 +140,7 @@ class LeaderLoop:
         for r in active:
             if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
                 jobs[r["job"]] = j
-        claims += due_retries(active, jobs, now, picker)
+        claims += due_retries(active, jobs, now, picker, self.cfg.plan.horizon_us)
         pending = list(self.state.pending_deps.values())
         dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
         claims += dependency_claims(pending, dep_jobs, picker)

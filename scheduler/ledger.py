@@ -68,6 +68,7 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
             "exit_code": None, "http_status": None, "output": "", "error": c.reason,
             "token": token, "term": cmd.term, "leader": cmd.leader, "retry_of": c.retry_of,
             "next": None, "cause": c.cause, "retry_at_us": None, "outcome": None,
+            "not_before_us": c.not_before_us,
         }
         _record(state, run, c)
         if c.trigger in SCHEDULED:

@@ -29,7 +29,7 @@ from .commands import Claim
 from .model import Job
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "due_retries",
-           "expired_runs", "dependency_claims", "us", "from_us"]
+           "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
 
 UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -184,20 +184,25 @@ def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str
         plan.claims.append(Claim(job=job.name, slot_us=s, trigger=trigger, status=status, reason=reason))
 
 
-def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, picker: Picker) -> list[Claim]:
-    """Attempts waiting for a retry (failed with retries left, or lost under at-least-once)."""
+def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, picker: Picker,
+                horizon_us: int = 0) -> list[Claim]:
+    """Attempts waiting for a retry (failed with retries left, or lost under at-least-once).
+
+    Like slots, retries are claimed up to ``horizon_us`` ahead and fired by the
+    worker at their backoff instant (``not_before_us``).
+    """
     claims = []
     for run in runs:
         if run["status"] not in ("retrying", "lost") or run["next"] is not None:
             continue
-        if run["retry_at_us"] is None or run["retry_at_us"] > now_us:
+        if run["retry_at_us"] is None or run["retry_at_us"] > now_us + horizon_us:
             continue
         job = jobs.get(run["job"])
         if job is None:
             continue
         nodes, why = picker.pick(job, avoid=run["node"])
         base = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
-                    retry_of=run["id"])
+                    retry_of=run["id"], not_before_us=max(run["retry_at_us"], run["slot_us"]))
         if nodes:
             claims.append(Claim(node=nodes[0], **base))  # type: ignore[arg-type]
         else:
@@ -212,11 +217,16 @@ def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig) -> li
         if run["status"] == "running" and run["lease_us"] is not None:
             if run["lease_us"] + cfg.lease_grace_us < now_us:
                 out.append(run["id"])
-        elif run["status"] == "claimed" and max(run["slot_us"], run["claimed_us"]) + cfg.start_deadline_us < now_us:
+        elif run["status"] == "claimed" and max(fire_at_us(run), run["claimed_us"]) + cfg.start_deadline_us < now_us:
             # From the claim, not the slot: a retry, catch-up or replay stands for an old slot and
             # would otherwise be expired before its worker could report the start.
             out.append(run["id"])
     return out
+
+
+def fire_at_us(run: dict[str, Any]) -> int:
+    """When a claimed attempt is due to start: its slot, or its retry's backoff instant."""
+    return max(run["slot_us"], run.get("not_before_us") or 0)
 
 
 def dependency_claims(pending: list[dict[str, Any]], jobs: dict[str, Job], picker: Picker) -> list[Claim]:

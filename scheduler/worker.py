@@ -27,7 +27,7 @@ from .commands import (
 from .errors import RaftcronError
 from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
 from .ledger import MAX_CLAIMS_PER_ENTRY
-from .planner import from_us, us
+from .planner import fire_at_us, from_us, us
 from .service import Service
 from .state import Applied
 
@@ -109,7 +109,7 @@ class Worker:
 
     async def _fire(self, run: dict[str, Any]) -> None:
         rid = run["id"]
-        delay = (run["slot_us"] - us(self.clock.now())) / 1e6
+        delay = (fire_at_us(run) - us(self.clock.now())) / 1e6
         if delay > 0:
             await self.clock.sleep(delay)
         current = self.state.runs.get(rid)

@@ -7,7 +7,7 @@ const STRIP = 20;
 const TOKEN_KEY = "raftcron.token";
 const $ = (sel) => document.querySelector(sel);
 let timer = null;
-let selectedRun = null; // run id whose output is shown on a job page
+let selectedRun = null; // run id whose output is shown on a job page (#/jobs/NAME/runs/ID)
 let loadFailed = false; // the notice shows a load error, to clear once loading works again
 
 // ---- the API ---------------------------------------------------------------------------
@@ -173,7 +173,7 @@ async function viewJob(name) {
   const st = job.status;
   const rows = runs.items.map((r) => h("tr", {
     class: r.id === selectedRun ? "selected" : null, tabindex: "0", "data-run": r.id,
-    onclick: () => showRun(r.id), onkeydown: (ev) => { if (ev.key === "Enter") showRun(r.id); },
+    onclick: () => openRun(name, r.id), onkeydown: (ev) => { if (ev.key === "Enter") openRun(name, r.id); },
   }, h("td", {}, when(r.slot)), h("td", {}, badge(r.status)), h("td", {}, r.trigger), h("td", { class: "num" }, r.attempt),
     h("td", {}, r.node || "—"), h("td", { class: "num" }, dur(r.duration_ms)), h("td", {}, h("code", {}, r.id))));
   return [
@@ -234,8 +234,11 @@ function chart(runs) {
   return svg;
 }
 
+function openRun(job, id) {
+  location.hash = `#/jobs/${encodeURIComponent(job)}` + (id ? `/runs/${encodeURIComponent(id)}` : "");
+}
+
 async function showRun(id) {
-  selectedRun = id;
   const box = $("#run-detail");
   if (!box) return;
   try {
@@ -250,7 +253,7 @@ async function showRun(id) {
 function runDetail(r) {
   return h("section", { class: "detail", "aria-label": `Run ${r.id}` },
     h("h2", {}, "Run ", h("code", {}, r.id), " ", badge(r.status),
-      h("button", { class: "close", onclick: () => { selectedRun = null; $("#run-detail").replaceChildren(); } }, "Close")),
+      h("button", { class: "close", onclick: () => openRun(r.job, null) }, "Close")),
     h("dl", { class: "facts" },
       h("dt", {}, "Slot"), h("dd", {}, r.slot), h("dt", {}, "Attempt"), h("dd", {}, `${r.attempt} (${r.trigger})`),
       h("dt", {}, "Node"), h("dd", {}, r.node || "—"), h("dt", {}, "Started"), h("dd", {}, r.started_at || "—"),
@@ -274,7 +277,10 @@ async function viewDead() {
 
 function route() {
   const parts = (location.hash.replace(/^#\/?/, "") || "jobs").split("/");
-  if (parts[0] === "jobs" && parts[1]) return { view: "jobs", render: () => viewJob(decodeURIComponent(parts[1])) };
+  if (parts[0] === "jobs" && parts[1]) {
+    const run = parts[2] === "runs" && parts[3] ? decodeURIComponent(parts[3]) : null;
+    return { view: "jobs", run, render: () => viewJob(decodeURIComponent(parts[1])) };
+  }
   if (parts[0] === "cluster") return { view: "cluster", render: viewCluster };
   if (parts[0] === "dead") return { view: "dead", render: viewDead };
   return { view: "jobs", render: viewJobs };
@@ -287,9 +293,16 @@ async function summary() {
     ` · commit ${c.commit_index} · ${reach}/${c.members.length} reachable · via ${c.node_id}`;
 }
 
+function focusKey(el) {
+  if (!el || !$("#main").contains(el)) return null;
+  if (el.dataset.run) return "run:" + el.dataset.run;
+  return ["A", "BUTTON"].includes(el.tagName) ? `${el.tagName}:${el.textContent}:${el.getAttribute("href")}` : null;
+}
+
 async function refresh() {
   clearTimeout(timer);
   const r = route();
+  selectedRun = r.run || null;
   for (const a of document.querySelectorAll("nav a")) {
     if (a.dataset.view === r.view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
@@ -297,13 +310,19 @@ async function refresh() {
     const [nodes] = await Promise.all([r.render(), summary()]);
     const detail = $("#run-detail");
     const keep = detail ? detail.firstChild : null; // a run's output stays open across refreshes
+    const focused = focusKey(document.activeElement);
     $("#main").replaceChildren(...nodes);
+    if (focused) { // a keyboard user keeps their place through the poll
+      const again = [...$("#main").querySelectorAll("a, button, tr[data-run]")].find((el) => focusKey(el) === focused);
+      if (again) again.focus();
+    }
     if (loadFailed) notice("");
     loadFailed = false;
-    if (keep && $("#run-detail")) {
-      $("#run-detail").replaceChildren(keep);
-      if (selectedRun) showRun(selectedRun); // its status may have moved on
+    if (keep && selectedRun && keep.getAttribute("aria-label") === `Run ${selectedRun}`) {
+      $("#run-detail").replaceChildren(keep); // no flicker while it reloads
     }
+    if (selectedRun) showRun(selectedRun); // its status may have moved on since
+
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {
       $("#main").replaceChildren(h("p", {}, "Enter the cluster's API token above to see its data."));
@@ -315,5 +334,5 @@ async function refresh() {
   timer = setTimeout(refresh, POLL_MS);
 }
 
-window.addEventListener("hashchange", () => { selectedRun = null; refresh(); });
+window.addEventListener("hashchange", refresh);
 refresh();

@@ -39,18 +39,25 @@ from api.app import create_app, openapi_document
 from api.context import ApiContext, Tokens
 from raftlog import Bridge, NodeConfig, RaftNode
 from scheduler.clock import SystemClock
-from scheduler.commands import Claim, ClaimSlots, Command, FinishRuns, RegisterNode, StartRuns
+from scheduler.commands import (
+    Claim,
+    ClaimSlots,
+    Command,
+    FinishRuns,
+    RegisterNode,
+    StartRuns,
+)
 from scheduler.planner import us
 from scheduler.service import Service
 from scheduler.state import Rejected, State
 
 try:  # brought by openapi-spec-validator (the test extra)
-    from openapi_schema_validator import OAS30Validator
-    from openapi_schema_validator import oas30_format_checker
+    from openapi_schema_validator import OAS30Validator, oas30_format_checker
 except ImportError:  # pragma: no cover - body checks are skipped, statuses still checked
-    OAS30Validator = None  # type: ignore[assignment,misc]
-    oas30_format_checker = None  # type: ignore[assignment]
+    OAS30Validator = None
+    oas30_format_checker = None
 
+Client = TestClient[web.Request, web.Application]
 NODE = "n1"
 WRITE, READ = "w", "r"
 LEADER_WAIT = 15.0
@@ -73,7 +80,8 @@ def job_doc(name: str, **over: Any) -> dict[str, Any]:
 
 
 def operation(method: str, path: str) -> dict[str, Any] | None:
-    return SPEC["paths"].get(path, {}).get(method.lower())
+    op: dict[str, Any] | None = SPEC["paths"].get(path, {}).get(method.lower())
+    return op
 
 
 def _documented_schema(op: dict[str, Any], status: int) -> dict[str, Any] | None:
@@ -82,7 +90,8 @@ def _documented_schema(op: dict[str, Any], status: int) -> dict[str, Any] | None
     if content is None:
         return None
     # $refs point at #/components: resolve them against a root that holds them.
-    return {**content["schema"], "components": SPEC["components"]}
+    schema: dict[str, Any] = {**content["schema"], "components": SPEC["components"]}
+    return schema
 
 
 def error_shape_problem(body: Any) -> str | None:
@@ -102,8 +111,8 @@ class Cluster:
     state: State
     service: Service
     raft_addr: str
-    client: TestClient = field(init=False)
-    secured: TestClient = field(init=False)
+    client: Client = field(init=False)
+    secured: Client = field(init=False)
     problems: list[str] = field(default_factory=list)
     seen: set[tuple[str, str, int]] = field(default_factory=set)  # (method, route, status)
     _ids: Iterator[int] = field(default_factory=itertools.count)
@@ -180,8 +189,9 @@ class Cluster:
         status = resp.status
         where = f"{request.method} {request.path_qs} -> {status}"
         body: Any = None
-        if isinstance(resp, web.Response) and resp.content_type == "application/json" and resp.body is not None:
-            body = json.loads(bytes(resp.body))  # type: ignore[arg-type]
+        raw = resp.body if isinstance(resp, web.Response) else None
+        if resp.content_type == "application/json" and isinstance(raw, (bytes, bytearray)):
+            body = json.loads(raw)
         if status >= 400 and (problem := error_shape_problem(body)):
             self.problems.append(f"{where}: error body {problem}: {body!r:.200}")
         if status >= 500:
@@ -215,7 +225,7 @@ class Cluster:
         return record
 
 
-async def _serve(cluster: Cluster, tokens: Tokens) -> TestClient:
+async def _serve(cluster: Cluster, tokens: Tokens) -> Client:
     ctx = ApiContext(service=cluster.service, node_id=NODE, http_addr="127.0.0.1:0", raft_addr=cluster.raft_addr,
                      live=lambda: {NODE} if NODE in cluster.state.nodes else set(), tokens=tokens)
     app = create_app(ctx)
@@ -240,7 +250,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
     node = RaftNode(NodeConfig(raft_addr=raft_addr, peers=(), data_dir=tmp_path_factory.mktemp("raft"),
                                secret="test", fsync=False), state)
     await asyncio.to_thread(node.start)
-    clients: list[TestClient] = []
+    clients: list[Client] = []
     try:
         await _wait("the single node to become leader", node.is_leader, LEADER_WAIT)
         clock = SystemClock()

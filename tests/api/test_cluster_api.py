@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from api.app import ROUTES
+from api.routing import Route
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -54,7 +55,7 @@ async def test_member_changes_that_are_refused(api: Cluster) -> None:
 # ---- tokens ----------------------------------------------------------------------------
 
 
-async def _targets(api: Cluster) -> list[tuple[str, str, Any]]:
+async def _targets(api: Cluster) -> list[tuple[str, str, Any, Route]]:
     """One concrete request per route, each valid for the write token."""
     name, gone = api.name(), api.name()
     await api.create(name)
@@ -74,19 +75,24 @@ async def _targets(api: Cluster) -> list[tuple[str, str, Any]]:
     out = []
     for r in ROUTES:
         path, body = special.get((r.method, r.path), (r.path.format(**fill), None))
-        out.append((r.method, path, body))
+        out.append((r.method, path, body, r))
     return out
 
 
-def _public(method: str, path: str) -> bool:
-    return (method, path) == ("GET", "/v1/health")
+async def test_only_health_and_the_dashboard_files_are_public() -> None:
+    public = {(r.method, r.path) for r in ROUTES if r.public}
+    assert ("GET", "/v1/health") in public
+    # SPEC 3 names /v1/health alone; the dashboard's static files (no cluster data, not the JSON
+    # API) are public too because a browser navigating to /ui/ cannot send a bearer token.
+    assert {p for m, p in public if (m, p) != ("GET", "/v1/health")} <= {r.path for r in ROUTES if not r.openapi}
+    assert all(p == "/ui" or p.startswith("/ui/") for m, p in public if p != "/v1/health")
 
 
 async def test_without_a_token_everything_but_health_is_401(api: Cluster) -> None:
-    for method, path, body in await _targets(api):
-        resp = await api.secured.request(method, path, json=body)
-        if _public(method, path):
-            assert resp.status == 200
+    for method, path, body, route in await _targets(api):
+        resp = await api.secured.request(method, path, json=body, allow_redirects=False)
+        if route.public:
+            assert resp.status in (200, 302), (path, resp.status)
             continue
         err = await api.error(resp, 401, code="unauthorized")
         assert "Authorization: Bearer" in err["message"]
@@ -113,7 +119,7 @@ async def test_the_read_token_reads_but_cannot_write(api: Cluster) -> None:
     read = {"Authorization": "Bearer r"}
     targets = await _targets(api)
     before = _ledger(api)
-    for method, path, body in targets:
+    for method, path, body, _ in targets:
         resp = await api.secured.request(method, path, json=body, headers=read)
         if method == "GET":
             assert resp.status == 200, (path, await resp.text())
@@ -129,7 +135,7 @@ async def test_the_write_token_can_do_everything(api: Cluster) -> None:
     write = {"Authorization": "Bearer w"}
     expected = {"POST /v1/jobs": 201, "POST /v1/jobs/{name}/run": 202, "POST /v1/dead-letters/{id}/replay": 202,
                 "POST /v1/members": 409, "DELETE /v1/members/{member}": 404}
-    for (method, path, body), route in zip(await _targets(api), ROUTES, strict=True):
+    for method, path, body, route in await _targets(api):
         resp = await api.secured.request(method, path, json=body, headers=write)
         want = expected.get(f"{method} {route.path}", 200)
         assert resp.status == want, (method, path, resp.status, await resp.text())

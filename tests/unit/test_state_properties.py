@@ -50,36 +50,43 @@ def job_spec(name: str, variant: int) -> dict[str, Any]:
 
 
 pick = st.integers(min_value=0, max_value=50)
-name_i = st.integers(min_value=0, max_value=len(NAMES))  # len(NAMES): a job that does not exist
-node = st.sampled_from(NODES)
+name_i = st.sampled_from((0, 1, 2, 0, 1, 2, 3))  # 3: a job that does not exist
+node = st.sampled_from(("n1", "n2", "n1", "n2", "n9"))
+reporter = st.sampled_from(("owner", "owner", "owner", "n1", "n2", "n9"))  # owner: the node of the first run named
 claim_spec = st.tuples(
     name_i,
-    st.integers(min_value=0, max_value=12),  # slot: minutes after T0
-    st.sampled_from(["schedule", "schedule", "catchup", "manual", "retry", "replay", "dependency", "bogus"]),
-    st.sampled_from(["claimed", "claimed", "claimed", "skipped", "missed", "failed"]),
+    st.integers(min_value=-3, max_value=4),  # slot: minutes after the job's last decided one (<= 0: decided)
+    st.sampled_from(["schedule", "schedule", "schedule", "catchup", "manual", "retry", "retry", "replay",
+                     "dependency", "dependency", "bogus"]),
+    st.sampled_from(["claimed", "claimed", "claimed", "claimed", "skipped", "missed", "failed"]),
     node,
     pick,
 )
 steps = st.one_of(
     st.tuples(st.just("put"), name_i, st.integers(0, len(VARIANTS) - 1)),
+    st.tuples(st.just("put"), name_i, st.integers(0, len(VARIANTS) - 1)),
     st.tuples(st.just("delete"), name_i),
     st.tuples(st.just("pause"), name_i, st.booleans()),
     st.tuples(st.just("claim"), st.lists(claim_spec, min_size=1, max_size=5), st.lists(pick, max_size=2),
               st.booleans()),
-    st.tuples(st.just("start"), node, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("renew"), node, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("finish"), node, st.lists(pick, min_size=1, max_size=3),
-              st.sampled_from(["succeeded", "failed", "timed_out"]), st.integers(0, 3)),
+    st.tuples(st.just("claim"), st.lists(claim_spec, min_size=1, max_size=2), st.just([]), st.just(False)),
+    st.tuples(st.just("claim"), st.lists(claim_spec, min_size=1, max_size=2), st.just([]), st.just(False)),
+    st.tuples(st.just("start"), reporter, st.lists(pick, min_size=1, max_size=3)),
+    st.tuples(st.just("start"), reporter, st.lists(pick, min_size=1, max_size=3)),
+    st.tuples(st.just("renew"), reporter, st.lists(pick, min_size=1, max_size=3)),
+    st.tuples(st.just("finish"), reporter, st.lists(pick, min_size=1, max_size=3),
+              st.sampled_from(["succeeded", "failed", "failed", "timed_out"]), st.integers(0, 3)),
+    st.tuples(st.just("finish"), reporter, st.lists(pick, min_size=1, max_size=3),
+              st.sampled_from(["succeeded", "failed", "failed", "timed_out"]), st.integers(0, 3)),
     st.tuples(st.just("expire"), st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("lost"), node, st.lists(pick, min_size=1, max_size=3)),
+    st.tuples(st.just("lost"), reporter, st.lists(pick, min_size=1, max_size=3)),
     st.tuples(st.just("cancel"), pick),
     st.tuples(st.just("delete_dead"), pick),
     st.tuples(st.just("garbage"), st.binary(max_size=24)),
     st.tuples(st.just("mistyped"), st.sampled_from(["claim_slots", "start_runs", "finish_runs", "put_job"]),
               st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3),
                         st.lists(st.integers(-2**63, 2**63), max_size=2),
-                        st.dictionaries(st.text(max_size=2), st.integers(-2**63, 2**63),
-                                                                           max_size=2))),
+                        st.dictionaries(st.text(max_size=2), st.integers(-2**63, 2**63), max_size=2))),
     st.tuples(st.just("tick"), st.integers(0, 15)),
 )
 
@@ -92,8 +99,15 @@ class Driver:
         self.now = T0
 
     def run_id(self, k: int) -> str:
-        ids = list(self.state.runs)
-        return ids[k % len(ids)] if ids and k < 45 else f"r-none{k}"
+        """Mostly a live attempt, sometimes any run, now and then one that does not exist."""
+        ids = list(self.state.active) if k % 3 and self.state.active else list(self.state.runs)
+        return ids[k % len(ids)] if ids and k < 47 else f"r-none{k}"
+
+    def reporter(self, who: str, runs: tuple[str, ...]) -> str:
+        if who != "owner":
+            return who
+        run = self.state.runs.get(runs[0]) if runs else None
+        return (run["node"] if run else None) or "n1"
 
     def command(self, step: tuple[Any, ...]) -> Command | bytes:
         kind = step[0]
@@ -111,22 +125,24 @@ class Driver:
                           "last_us": T0 + MIN, "reason": "gap"},) if step[3] else ()
             return ClaimSlots(at_us=self.now, leader="n1", term=1, claims=claims,
                               cancel=tuple(self.run_id(k) for k in step[2]), summaries=summaries)
-        if kind == "start":
-            runs = tuple(dict.fromkeys(self.run_id(k) for k in step[2]))
-            return StartRuns(at_us=self.now, node=step[1], runs=runs, started_us={r: self.now for r in runs[:1]},
-                             lease_until_us=self.now + 5 * SEC)
-        if kind == "renew":
-            return RenewLeases(at_us=self.now, node=step[1], runs=tuple(self.run_id(k) for k in step[2]),
-                               lease_until_us=self.now + 5 * SEC)
-        if kind == "finish":
-            results = tuple({"run_id": self.run_id(k), "status": step[3], "started_us": self.now - SEC,
-                             "finished_us": self.now + step[4], "exit_code": step[4], "http_status": None,
-                             "output": "x" * (step[4] * 4000), "error": None} for k in step[2])
-            return FinishRuns(at_us=self.now, node=step[1], results=results)
+        if kind in ("start", "renew", "finish", "lost"):
+            runs = tuple(self.run_id(k) for k in step[2])
+            who = self.reporter(step[1], runs)
+            if kind == "start":
+                runs = tuple(dict.fromkeys(runs))
+                return StartRuns(at_us=self.now, node=who, runs=runs, started_us={r: self.now for r in runs[:1]},
+                                 lease_until_us=self.now + 5 * SEC)
+            if kind == "renew":
+                return RenewLeases(at_us=self.now, node=who, runs=runs, lease_until_us=self.now + 5 * SEC)
+            if kind == "lost":
+                return ReportLost(at_us=self.now, node=who, runs=runs)
+            # A result may repeat (resubmitted after an unknown outcome): finished_us is per run.
+            results = tuple({"run_id": r, "status": step[3], "started_us": self.now - SEC,
+                             "finished_us": T0 + len(r) * SEC + step[4], "exit_code": step[4], "http_status": None,
+                             "output": "x" * (step[4] * 4000), "error": None} for r in runs)
+            return FinishRuns(at_us=self.now, node=who, results=results)
         if kind == "expire":
             return ExpireRuns(at_us=self.now, leader="n1", term=1, runs=tuple(self.run_id(k) for k in step[1]))
-        if kind == "lost":
-            return ReportLost(at_us=self.now, node=step[1], runs=tuple(self.run_id(k) for k in step[2]))
         if kind == "cancel":
             return CancelRun(at_us=self.now, run_id=self.run_id(step[1]))
         if kind == "delete_dead":
@@ -156,7 +172,9 @@ class Driver:
         job = NAMES[job_i] if job_i < len(NAMES) else "ghost"
         node_or_none = node if status == "claimed" else None
         if trigger in ("retry", "replay"):
-            source = list(self.state.dead) if trigger == "replay" and self.state.dead and k % 2 else list(self.state.runs)
+            waiting = [rid for rid in self.state.active if self.state.runs[rid]["status"] in ("retrying", "lost")]
+            source = list(self.state.dead) if trigger == "replay" else waiting
+            source = source if source and k % 4 else list(self.state.runs)
             if source:
                 prev = self.state.runs[source[k % len(source)]]
                 return Claim(job=prev["job"], slot_us=prev["slot_us"], trigger=trigger, status=status,
@@ -168,7 +186,9 @@ class Driver:
                 return Claim(job=d["job"], slot_us=d["slot_us"], trigger="dependency", status=status,
                              node=node_or_none, cause=d["upstream"])
         cause = f"req-{k % 3}" if trigger == "manual" else None
-        return Claim(job=job, slot_us=T0 + offset * MIN, trigger=trigger, status=status, node=node_or_none,
+        rec = self.state.jobs.get(job)
+        last = rec["last_slot_us"] if rec is not None and rec["last_slot_us"] is not None else T0
+        return Claim(job=job, slot_us=last + offset * MIN, trigger=trigger, status=status, node=node_or_none,
                      cause=cause)
 
 
@@ -200,7 +220,7 @@ def check_invariants(s: State) -> None:
 
 def _setup() -> list[bytes]:
     return [encode_command(RegisterNode(at_us=T0, node_id=n, raft_addr=f"{n}:7000", http_addr=f"{n}:8000"))
-            for n in ("n1", "n2")] + [encode_command(PutJob(at_us=T0, spec=job_spec("a", 0)))]
+            for n in ("n1", "n2")] + [encode_command(PutJob(at_us=T0, spec=job_spec(n, 0))) for n in NAMES]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

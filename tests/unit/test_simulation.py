@@ -1,0 +1,217 @@
+"""The leader loop, the worker and the service against an in-memory node and a FakeClock.
+
+The node applies each command the moment it is submitted (one replica, no
+network), so these runs are deterministic: time moves only when the test
+advances the clock, and each slot's firing instant is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from raftlog import ApplyContext, Bridge
+from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
+from scheduler.clock import FakeClock
+from scheduler.commands import PutJob, RegisterNode
+from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
+from scheduler.leader import LeaderConfig, LeaderLoop
+from scheduler.model import parse_job
+from scheduler.planner import PlanConfig, from_us, us
+from scheduler.service import Service
+from scheduler.state import Applied, State
+from scheduler.worker import Worker
+
+UTC = timezone.utc
+
+
+class MemoryNode:
+    """Stands in for RaftNode: one replica that commits and applies at once."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.index = 0
+        self.leading = True
+        self.config = NodeConfig(raft_addr="mem:1", peers=(), data_dir=Path("/nonexistent"), secret="x")
+        self.hooks: list[Callable[[Applied], None]] = []
+
+    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+        if not self.leading:
+            callback(None, FAIL_REASON.MISSING_LEADER)
+            return
+        self.index += 1
+        result = self.state.apply(payload, ApplyContext(index=self.index))
+        if isinstance(result, Applied):
+            for hook in self.hooks:
+                hook(result)
+        callback(result, FAIL_REASON.SUCCESS)
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def leader(self) -> str | None:
+        return "mem:1" if self.leading else None
+
+    def status(self) -> NodeStatus:
+        return NodeStatus(raft_addr="mem:1", state="leader" if self.leading else "follower",
+                          leader=self.leader(), term=1, commit_index=self.index, applied_index=self.index,
+                          has_quorum=True, raft_thread_alive=True)
+
+
+@dataclass
+class FakeExecutor:
+    """Records each attempt with the fake time it started; ``verdict`` decides its outcome."""
+
+    clock: FakeClock
+    verdict: Callable[[Attempt], OutcomeStatus] = lambda a: OutcomeStatus.SUCCEEDED
+    fired: list[tuple[Attempt, datetime]] = field(default_factory=list)
+
+    async def run(self, attempt: Attempt) -> Outcome:
+        now = self.clock.now()
+        self.fired.append((attempt, now))
+        return Outcome(status=self.verdict(attempt), started_at=now, finished_at=now)
+
+
+@dataclass
+class Sim:
+    clock: FakeClock
+    state: State
+    node: MemoryNode
+    service: Service
+    worker: Worker
+    leader: LeaderLoop
+    executor: FakeExecutor
+    task: asyncio.Task[None]
+
+    async def put(self, doc: dict[str, Any]) -> None:
+        await self.service.propose(PutJob(at_us=us(self.clock.now()), spec=parse_job(doc).to_doc()))
+
+    async def step(self, seconds: float) -> None:
+        """Advance fake time and let the leader plan and the worker act on it."""
+        before = self.leader.ticks
+        if seconds:
+            self.clock.advance(seconds)
+        self.leader.wake()
+        for _ in range(400):
+            await asyncio.sleep(0.005)
+            if self.leader.ticks > before + 1 and self.worker.pending_reports == 0:
+                return
+        raise AssertionError(f"the leader loop did not tick within 2 s of real time (ticks {self.leader.ticks})")
+
+    async def close(self) -> None:
+        self.node.leading = False
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.worker.stop()
+
+
+async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | None = None) -> Sim:
+    clock = FakeClock(start)
+    state = State()
+    node = MemoryNode(state)
+    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")  # type: ignore[arg-type]
+    executor = FakeExecutor(clock, verdict or (lambda a: OutcomeStatus.SUCCEEDED))
+    worker = Worker(service, clock, {"http": executor, "shell": executor}, lease=5.0, flush_interval=0.001)
+    leader = LeaderLoop(service, clock, LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig()), lambda: {"n1"})
+    node.hooks += [lambda a: worker.on_applied(a, False), leader.notify]
+    await service.propose(RegisterNode(at_us=us(start), node_id="n1", raft_addr="mem:1", http_addr="mem:2"))
+    worker.start()
+    task = asyncio.create_task(leader.run())
+    sim = Sim(clock, state, node, service, worker, leader, executor, task)
+    for _ in range(200):
+        if leader.ticks:
+            break
+        await asyncio.sleep(0.005)
+    return sim
+
+
+def _job(name: str, schedule: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "schedule": schedule, "executor": "http", "http": {"url": "http://sink.test/x"}, **extra}
+
+
+async def test_every_slot_fires_once_at_its_instant() -> None:
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    try:
+        await sim.put(_job("tick", "*/10 * * * * *"))
+        for _ in range(60):
+            await sim.step(1.0)
+        slots = [a.slot for a, _ in sim.executor.fired]
+        expected = [datetime(2026, 6, 1, 12, 0, s, tzinfo=UTC) for s in (10, 20, 30, 40, 50)] + \
+                   [datetime(2026, 6, 1, 12, 1, 0, tzinfo=UTC)]
+        assert slots == expected
+        for attempt, at in sim.executor.fired:
+            assert at == attempt.slot, "fired at the slot instant by the worker's clock, not when claimed"
+        assert [r["status"] for r in sim.state.runs.values()] == ["succeeded"] * 6
+        tokens = [a.fencing_token for a, _ in sim.executor.fired]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    finally:
+        await sim.close()
+
+
+async def test_retries_back_off_exponentially_then_dead() -> None:
+    sim = await _sim(datetime(2026, 6, 1, 0, 0, 0, tzinfo=UTC), verdict=lambda a: OutcomeStatus.FAILED)
+    try:
+        await sim.put(_job("flaky", "@at 2026-06-01T00:00:05Z", retries={"max": 2, "backoff": "10s", "factor": 2}))
+        for _ in range(60):
+            await sim.step(1.0)
+        fired = [(a.attempt, at) for a, at in sim.executor.fired]
+        t0 = datetime(2026, 6, 1, 0, 0, 5, tzinfo=UTC)
+        assert [n for n, _ in fired] == [1, 2, 3]
+        assert fired[0][1] == t0
+        finished = [from_us(r["finished_us"]) for r in sim.state.runs.values()]
+        assert fired[1][1] == finished[0] + timedelta(seconds=10), "backoff 10s after the first attempt ended"
+        assert fired[2][1] == finished[1] + timedelta(seconds=20), "then 10s * factor 2"
+        keys = {a.idempotency_key for a, _ in sim.executor.fired}
+        assert keys == {"flaky@2026-06-01T00:00:05Z"}
+        statuses = [r["status"] for r in sim.state.runs.values()]
+        assert statuses == ["retrying", "retrying", "dead"]
+        assert list(sim.state.dead) == [list(sim.state.runs)[-1]]
+    finally:
+        await sim.close()
+
+
+async def test_dst_spring_forward_runs_the_skipped_time_once() -> None:
+    sim = await _sim(datetime(2026, 3, 28, 22, 0, 0, tzinfo=UTC))
+    try:
+        await sim.put(_job("nightly", "30 2 * * *", timezone="Europe/Berlin"))
+        for _ in range(24):  # 22:00 UTC Mar 28 .. 22:00 UTC Mar 29, in 1-hour steps
+            await sim.step(3600)
+        fired = [at for _, at in sim.executor.fired]
+        assert fired == [datetime(2026, 3, 29, 1, 0, 0, tzinfo=UTC)]  # 03:00 CEST, just after the gap
+    finally:
+        await sim.close()
+
+
+async def test_leaderless_gap_is_caught_up_or_missed_by_policy() -> None:
+    sim = await _sim(datetime(2026, 6, 1, 0, 0, 0, tzinfo=UTC))
+    try:
+        await sim.put(_job("all", "*/10 * * * * *", catchup={"policy": "all", "window": "30s"}))
+        await sim.put(_job("latest", "*/10 * * * * *", catchup={"policy": "latest", "window": "30s"}))
+        await sim.step(5.0)
+        sim.node.leading = False  # no leader for 65 s
+        await asyncio.wait_for(asyncio.gather(sim.task, return_exceptions=True), 2)
+        sim.clock.advance(65)
+        sim.node.leading = True
+        sim.leader = LeaderLoop(sim.service, sim.clock, LeaderConfig(tick=0.01, lease=5.0), lambda: {"n1"})
+        sim.node.hooks.append(sim.leader.notify)
+        sim.task = asyncio.create_task(sim.leader.run())
+        for _ in range(3):
+            await sim.step(0)  # the new leader plans at 01:10 exactly
+        by_job: dict[str, list[tuple[str, str, str]]] = {}
+        for r in sim.state.runs.values():
+            by_job.setdefault(r["job"], []).append((from_us(r["slot_us"]).strftime("%M:%S"), r["trigger"], r["status"]))
+        # the gap: slots 00:10 .. 01:10; the new leader plans at 01:10, its window reaches back to 00:40
+        missed = [s for s, t, st in by_job["all"] if st == "missed"]
+        assert missed == ["00:10", "00:20", "00:30"]
+        assert [s for s, t, st in by_job["all"] if t == "catchup" and st != "missed"] == ["00:40", "00:50", "01:00"]
+        assert ("01:10", "schedule", "succeeded") in by_job["all"]  # due now: an ordinary slot
+        assert [s for s, t, st in by_job["latest"] if t == "catchup" and st not in ("missed", "skipped")] == ["01:00"]
+        assert [s for s, t, st in by_job["latest"] if st == "skipped"] == ["00:40", "00:50"]
+        for runs in by_job.values():
+            slots = [s for s, _, _ in runs]
+            assert len(slots) == len(set(slots)), "one decision per slot"
+    finally:
+        await sim.close()
