@@ -13,7 +13,7 @@ repetition, on a fresh 3-node cluster:
 Reference in the same run: the same client against a minimal aiohttp server in
 its own process (bench/floor.py) that answers 200: the HTTP stack's floor.
 
-    python -m bench.api_writes            # 3 repetitions, ~5 minutes
+    python -m bench.api_writes            # 2 repetitions, ~5 minutes
     python -m bench.api_writes --quick    # ~1 minute
 """
 
@@ -144,7 +144,7 @@ def measure_floor(a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common_args(p)
+    common_args(p, repeat=2)
     p.add_argument("--seq", type=int, default=500, help="sequential PUTs per target (default 500)")
     p.add_argument("--requests", type=int, default=5000, help="PUTs per throughput phase (default 5000)")
     p.add_argument("--seconds", type=float, default=20.0, help="time cap per throughput phase (default 20)")

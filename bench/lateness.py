@@ -127,7 +127,12 @@ def every_job(name: str, url: str) -> dict[str, Any]:
             "timeout": "10s", "labels": {"bench": "lateness"}}
 
 
-async def create_jobs(base: str, k: int, url: str, spread: float = 1.0, inflight: int = 64) -> dict[str, Any]:
+class CreationTooSlow(Exception):
+    pass
+
+
+async def create_jobs(base: str, k: int, url: str, spread: float = 1.0, inflight: int = 64,
+                      deadline: float = 120.0) -> dict[str, Any]:
     """PUT k jobs, paced evenly over ``spread`` seconds (or as fast as the API takes them)."""
     t0 = time.monotonic()
     todo = iter(range(k))
@@ -136,6 +141,8 @@ async def create_jobs(base: str, k: int, url: str, spread: float = 1.0, inflight
     async def worker(s: aiohttp.ClientSession) -> None:
         nonlocal failures
         for i in todo:
+            if time.monotonic() - t0 > deadline:
+                raise CreationTooSlow(f"{i} of {k} jobs created after {deadline:g} s")
             delay = t0 + spread * i / k - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -204,7 +211,13 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
     try:
         with fresh_cluster(f"late{k}", keep=a.keep) as cluster:
             leader = leader_of(cluster)
-            out["create"] = asyncio.run(create_jobs(leader.url, k, farm.url(), spread=a.spread))
+            try:
+                out["create"] = asyncio.run(create_jobs(leader.url, k, farm.url(), spread=a.spread,
+                                                        deadline=a.create_deadline))
+            except CreationTooSlow as exc:
+                out["aborted"] = str(exc)
+                out["load_after"] = load()
+                return out
             time.sleep(a.warmup)
             terms0 = {n.name: term_of(n) for n in cluster.nodes}
             t0 = float(int(time.time()) + 1)
@@ -225,6 +238,8 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
             out["load_after"] = load()
     finally:
         records = farm.stop()
+    if "aborted" in out:
+        return out
     out["window"] = [t0, t1]
     out["result"] = analyse(records, k, t0, t1)
     if kill_at is not None:
@@ -311,9 +326,10 @@ def mode_rates(a: argparse.Namespace, doc: dict[str, Any]) -> None:
     doc["runs"] = runs
     rows = []
     for k in a.rates:
-        rs = [x for x in runs if x["rate"] == k]
+        everything = [x for x in runs if x["rate"] == k]
+        rs = [x for x in everything if "aborted" not in x]
         rows.append({
-            "rate": k, "repeats": len(rs),
+            "rate": k, "repeats": len(everything), "aborted": len(everything) - len(rs),
             "p50_ms": _m(median_of(x["result"]["lateness"]["p50"] for x in rs)),
             "p99_ms": _m(median_of(x["result"]["lateness"]["p99"] for x in rs)),
             "max_ms": _m(median_of(x["result"]["lateness"]["max"] for x in rs)),
@@ -322,36 +338,57 @@ def mode_rates(a: argparse.Namespace, doc: dict[str, Any]) -> None:
             "doubled": sum(x["result"]["doubled_slots"] for x in rs),
             "apscheduler_p99_ms": _m(APSCHEDULER_P99.get(k)), "goal_p99_ms": _m(GOALS.get(k)),
             "cores_used": median_of(x["cpu"]["cores_used"] for x in rs),
-            "load_1m": [x["load_before"]["1m"] for x in rs],
+            "load_1m": [x["load_before"]["1m"] for x in everything],
         })
     doc["summary"] = rows
     print()
-    print(table(["runs/s", "p50 ms", "p99 ms (median)", "p99 each run", "max ms", "delivered", "doubled",
+    print(table(["runs/s", "p50 ms", "p99 ms (median)", "p99 each run", "max ms", "delivered", "doubled", "aborted",
                  "APScheduler p99", "goal p99", "cores busy", "load 1m"],
                 [[x["rate"], x["p50_ms"], x["p99_ms"], ",".join(str(v) for v in x["p99_ms_each"]), x["max_ms"],
-                  _pctf(x["delivered"]), x["doubled"], x["apscheduler_p99_ms"], x["goal_p99_ms"], x["cores_used"],
+                  _pctf(x["delivered"]), x["doubled"], x["aborted"], x["apscheduler_p99_ms"], x["goal_p99_ms"], x["cores_used"],
                   ",".join(str(v) for v in x["load_1m"])] for x in rows]))
 
 
+def _sustained(res: dict[str, Any]) -> bool:
+    if "aborted" in res:
+        return False
+    lat = res["result"]
+    return lat["lateness"]["p99"] is not None and lat["lateness"]["p99"] < 1.0 and (lat["delivery_ratio"] or 0) >= 0.99
+
+
 def mode_search(a: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """Up the list until a rate fails; if the first already fails, down --search-down until one holds."""
     runs, best = [], None
     for k in a.search_rates:
         res = run_rate(k, a.search_seconds, a)
-        lat = res["result"]
-        ok = (lat["lateness"]["p99"] is not None and lat["lateness"]["p99"] < 1.0 and (lat["delivery_ratio"] or 0) >= 0.99)
-        res["sustained"] = ok
+        res["sustained"] = _sustained(res)
         runs.append(res)
         _progress(res)
-        if not ok:
+        if not res["sustained"]:
             break
         best = k
+    if best is None:
+        for k in a.search_down:
+            res = run_rate(k, a.search_seconds, a)
+            res["sustained"] = _sustained(res)
+            runs.append(res)
+            _progress(res)
+            if res["sustained"]:
+                best = k
+                break
     doc["runs"], doc["highest_sustained"] = runs, best
     print()
     print(table(["runs/s", "seconds", "p50 ms", "p99 ms", "max ms", "delivered", "sustained", "cores busy", "load 1m"],
-                [[x["rate"], x["seconds"], _m(x["result"]["lateness"]["p50"]), _m(x["result"]["lateness"]["p99"]),
-                  _m(x["result"]["lateness"]["max"]), _pctf(x["result"]["delivery_ratio"]), x["sustained"],
-                  x["cpu"]["cores_used"], x["load_before"]["1m"]] for x in runs]))
+                [[x["rate"], x["seconds"], *_lat_cells(x), x["sustained"], x.get("cpu", {}).get("cores_used"),
+                  x["load_before"]["1m"]] for x in runs]))
     print(f"highest rate sustained for {a.search_seconds:g} s with p99 < 1 s: {best if best else 'none of the rates tried'}")
+
+
+def _lat_cells(x: dict[str, Any]) -> list[Any]:
+    if "aborted" in x:
+        return ["aborted", "-", "-", x["aborted"]]
+    lat = x["result"]["lateness"]
+    return [_m(lat["p50"]), _m(lat["p99"]), _m(lat["max"]), _pctf(x["result"]["delivery_ratio"])]
 
 
 def mode_kill(a: argparse.Namespace, doc: dict[str, Any]) -> None:
@@ -374,6 +411,9 @@ def mode_kill(a: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def _progress(res: dict[str, Any]) -> None:
+    if "aborted" in res:
+        print(f"  rate {res['rate']}/s: aborted: {res['aborted']}, load {res['load_before']['1m']}", flush=True)
+        return
     lat = res["result"]["lateness"]
     print(f"  rate {res['rate']}/s: p50 {ms(lat['p50'])} ms, p99 {ms(lat['p99'])} ms, max {ms(lat['max'])} ms, "
           f"delivered {_pctf(res['result']['delivery_ratio'])}, created in {res['create']['seconds']} s, "
@@ -401,12 +441,16 @@ def main() -> None:
     p.add_argument("--kill-repeat", type=int, default=1)
     p.add_argument("--restart-after", type=float, default=None, help="kill mode: restart the killed node after N s")
     p.add_argument("--sink-procs", type=int, default=2)
+    p.add_argument("--create-deadline", type=float, default=120.0, help="give up a rate whose jobs take longer to create")
+    p.add_argument("--search-down", default="1000,500,200",
+                   help="search mode: rates tried, highest first, when the first --search-rates fails")
     p.add_argument("--spread", type=float, default=1.0, help="seconds over which the jobs are created")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds between the last job created and the window")
     p.add_argument("--drain", type=float, default=5.0, help="seconds after the window before the sink is read")
     a = p.parse_args()
     a.rates = [int(x) for x in str(a.rates).split(",") if x]
     a.search_rates = [int(x) for x in str(a.search_rates).split(",") if x]
+    a.search_down = [int(x) for x in str(a.search_down).split(",") if x]
     if a.quick:
         a.repeat, a.seconds, a.search_seconds, a.kill_seconds, a.warmup, a.drain = 1, 10.0, 20.0, 16.0, 3.0, 3.0
         a.rates = [x for x in a.rates if x <= 1000] if a.mode == "rates" else a.rates

@@ -195,6 +195,12 @@ class RaftNode:
         c = self.config
         conf = SyncObjConf(
             password=c.secret,
+            # Without bindAddress pysyncobj binds 0.0.0.0; bind exactly the address we were given.
+            bindAddress=c.raft_addr,
+            # pysyncobj caches peer addresses for 600 s by default; a container restarted
+            # on a new IP would stay unreachable that long.
+            dnsCacheTime=3.0,
+            dnsFailCacheTime=1.0,
             journalFile=str(c.data_dir / "raft.journal"),
             fullDumpFile=str(c.data_dir / "raft.dump"),
             serializer=self._snap.start,

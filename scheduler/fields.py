@@ -165,7 +165,7 @@ class Fields:
             return default
         return value
 
-    def number(self, key: str, default: float, *, lo: float | None = None) -> float:
+    def number(self, key: str, default: float, *, lo: float | None = None, hi: float | None = None) -> float:
         value = self.raw(key)
         if value is None:
             return default
@@ -177,6 +177,9 @@ class Fields:
             return default
         if lo is not None and value < lo:
             self.error(key, f"must be at least {lo:g}")
+            return default
+        if hi is not None and value > hi:
+            self.error(key, f"must be at most {hi:g}")
             return default
         return float(value)
 

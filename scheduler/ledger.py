@@ -231,7 +231,7 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int
         failures += 1
         retries = job.retries if job is not None else None
         if retries is not None and run["attempt"] <= retries.max:
-            delay = min(retries.backoff * retries.factor ** (run["attempt"] - 1), retries.max_backoff)
+            delay = retries.delay(run["attempt"])
             new["status"], new["retry_at_us"] = "retrying", finished + int(delay * 1_000_000)
         elif retries is not None and retries.max > 0:
             new["status"] = "dead"
@@ -317,22 +317,25 @@ def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:
 
 def reset_future(state: State, job: str, at_us: int, reason: str) -> list[str]:
     """A changed or paused job: claims for slots after ``at_us`` that have not started are void."""
+    # Invariant 2: a slot after the change whose decision stands (already started, or recorded
+    # failed/skipped) stays decided, or it could be claimed a second time. Taken before the
+    # cancellations below, which may trim history.
+    floor = max([at_us, *(
+        r["slot_us"] for rid in state.job_runs.get(job, ())
+        if (r := state.runs[rid])["trigger"] in SCHEDULED and r["status"] not in ("cancelled", "claimed")
+        and r["slot_us"] > at_us
+    )])
     cancelled = [
         rid for rid in list(state.active)
         if (run := state.runs[rid])["job"] == job and run["status"] == "claimed"
         and run["trigger"] in SCHEDULED and run["slot_us"] > at_us
         and _cancel_one(state, rid, at_us, reason)
     ]
-    # Invariant 2: a slot after the change whose decision stands (already started, or recorded
-    # failed/skipped) stays decided, or it could be claimed a second time.
-    floor = max([at_us, *(
-        r["slot_us"] for rid in state.job_runs.get(job, ())
-        if (r := state.runs[rid])["trigger"] in SCHEDULED and r["status"] != "cancelled" and r["slot_us"] > at_us
-    )])
     rec = state.jobs[job]
     if rec["last_slot_us"] is None or rec["last_slot_us"] > floor:
         # Decided up to the change: the new spec's slots start after it.
         state.jobs[job] = {**rec, "last_slot_us": floor}
+    _trim(state, job)  # the new spec may keep less history
     return cancelled
 
 

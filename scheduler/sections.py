@@ -144,7 +144,13 @@ class Retries:
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
-        return min(self.max_backoff, self.backoff * self.factor ** max(0, retry - 1))
+        # Past max_backoff the exponent only risks float overflow; stop growing there.
+        delay = self.backoff
+        for _ in range(max(0, retry - 1)):
+            if delay >= self.max_backoff:
+                break
+            delay *= self.factor
+        return min(self.max_backoff, delay)
 
     def to_doc(self) -> dict[str, Any]:
         factor: float = int(self.factor) if self.factor.is_integer() else self.factor
@@ -244,7 +250,7 @@ def parse_retries(f: Fields) -> Retries:
         return Retries()
     max_ = s.integer("max", 0, lo=0, hi=100)
     backoff = s.duration("backoff", 10.0)
-    factor = s.number("factor", 2.0, lo=1)
+    factor = s.number("factor", 2.0, lo=1, hi=100)
     # Unset, the cap is 5m or the first backoff if that is longer.
     max_backoff = s.duration("max_backoff", max(300.0, backoff))
     if max_backoff < backoff:
@@ -267,7 +273,7 @@ def parse_target(f: Fields) -> Target:
     if s is None:
         return Target()
     return Target(
-        tags=s.string_map("tags", check_key=check_tag_key), count=s.integer("count", 1, lo=1)
+        tags=s.string_map("tags", check_key=check_tag_key), count=s.integer("count", 1, lo=1, hi=100)
     )
 
 
@@ -291,7 +297,7 @@ def parse_alerts(f: Fields) -> Alerts:
     return Alerts(
         webhook=s.checked("webhook", check_url),
         on=s.enum_set("on", AlertEvent, DEFAULT_ALERT_EVENTS),
-        after_failures=s.integer("after_failures", 1, lo=1),
+        after_failures=s.integer("after_failures", 1, lo=1, hi=10000),
         late_after=s.duration("late_after", 60.0),
     )
 

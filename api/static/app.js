@@ -91,7 +91,8 @@ function when(iso) {
   const secs = Math.round((d - Date.now()) / 1000);
   const rel = Math.abs(secs) < 90 ? `${Math.abs(secs)}s` : Math.abs(secs) < 5400
     ? `${Math.round(Math.abs(secs) / 60)}m` : `${Math.round(Math.abs(secs) / 3600)}h`;
-  return `${d.toLocaleString()} (${secs >= 0 ? "in " + rel : rel + " ago"})`;
+  const today = d.toDateString() === new Date().toDateString();
+  return `${today ? d.toLocaleTimeString() : d.toLocaleString()} (${secs >= 0 ? "in " + rel : rel + " ago"})`;
 }
 
 function dur(ms) {
@@ -142,7 +143,8 @@ async function viewJobs() {
   const runs = await Promise.all(jobs.map((j) =>
     api(`/v1/jobs/${encodeURIComponent(j.name)}/runs?limit=${STRIP}`).then((b) => b.items, () => [])));
   const rows = jobs.map((j, i) => {
-    const last = j.status.last_run;
+    // the last outcome, not the slot claimed ahead of time
+    const last = runs[i].find((r) => r.status !== "claimed") || j.status.last_run;
     return h("tr", {},
       h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(j.name)}` }, j.name)),
       h("td", {}, h("code", {}, j.spec.schedule)),
@@ -153,7 +155,7 @@ async function viewJobs() {
   });
   return [
     h("h1", {}, `Jobs (${jobs.length})`),
-    jobs.length ? table(["Job", "Schedule", "Status", "Next slot", "Last run", `Last ${STRIP} runs (oldest first)`], rows)
+    jobs.length ? table(["Job", "Schedule", "Status", "Next slot", "Last outcome", `Last ${STRIP} runs (oldest first)`], rows)
       : h("p", {}, "No jobs yet: create one with ", h("code", {}, "raftcron apply -f jobs.yaml"), "."),
     legend(),
   ];
@@ -268,7 +270,8 @@ async function viewDead() {
   const rows = dead.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job)}` }, r.job)), h("td", {}, when(r.slot)),
     h("td", { class: "num" }, r.attempt), h("td", {}, r.node || "—"), h("td", {}, r.error || "—"),
-    h("td", {}, h("button", { onclick: () => act(`/v1/dead-letters/${encodeURIComponent(r.id)}/replay`, `replaying ${r.id}`) }, "Replay"))));
+    h("td", {}, h("button", { "aria-label": `Replay ${r.job} slot ${r.slot}`,
+      onclick: () => act(`/v1/dead-letters/${encodeURIComponent(r.id)}/replay`, `replaying ${r.id}`) }, "Replay"))));
   return [h("h1", {}, `Dead letters (${dead.length})`),
     dead.length ? table(["Job", "Slot", "Attempts", "Node", "Error", ""], rows) : h("p", {}, "No dead letters.")];
 }

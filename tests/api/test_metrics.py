@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -104,7 +103,7 @@ def _samples(text: str) -> dict[str, Any]:
 
 
 def _value(family: Any, sample: str, **labels: str) -> float:
-    return sum(s.value for s in family.samples if s.name == sample and labels.items() <= s.labels.items())
+    return float(sum(s.value for s in family.samples if s.name == sample and labels.items() <= s.labels.items()))
 
 
 async def test_the_scrape_holds_every_family_after_a_run_succeeded(node: Node, sink: tuple[str, list[str]]) -> None:

@@ -121,3 +121,29 @@ def _cluster_from(tmp: Path, old: list[RaftNode]) -> list[RaftNode]:
     for n in nodes:
         n.start()
     return nodes
+
+
+def _listeners(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp shows them) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.rsplit(":", 1)
+            if state == "0A" and int(hexport, 16) == port:
+                found.add(addr)
+    return found
+
+
+def test_raft_port_binds_only_the_given_address(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    node = RaftNode(NodeConfig(raft_addr=f"127.0.0.1:{port}", peers=(), data_dir=tmp_path, secret="s"), KV())
+    node.start()
+    try:
+        assert _listeners(port) == {"0100007F"}, "raft must listen on 127.0.0.1 only, never 0.0.0.0"
+    finally:
+        node.stop()

@@ -88,7 +88,7 @@ if ! ls "$wheels"/deps/*.whl >/dev/null 2>&1 || ! ls "$wheels"/app/raftcron-*.wh
     echo "error: no wheels in $wheels/{deps,app}; the offline image build needs them" >&2
     exit 1
 fi
-log "wheels: $(ls "$wheels"/deps | wc -l) dependencies + $(ls "$wheels"/app) ($(du -sh "$wheels" | cut -f1))"
+log "wheels: $(find "$wheels/deps" -name '*.whl' | wc -l) dependencies + $(cd "$wheels/app" && echo raftcron-*.whl) ($(du -sh "$wheels" | cut -f1))"
 t2=$(date +%s)
 
 # 3. image. Classic builder unless the caller chose (this machine has no buildx).
@@ -97,7 +97,7 @@ if ! docker buildx version >/dev/null 2>&1; then
     export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
 fi
 old_id="$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)"
-timeout 1200 docker build --build-arg "BASE_IMAGE=$base" -t "$tag" -f "$repo/Dockerfile" "$repo"
+timeout 1200 docker build --force-rm --build-arg "BASE_IMAGE=$base" -t "$tag" -f "$repo/Dockerfile" "$repo"
 t3=$(date +%s)
 
 # Our own leftovers only: the image that TAG named before (if now untagged and unused) and

@@ -74,7 +74,8 @@ class Chromium:
         """The DOM once the page has run ``budget_ms`` of virtual time."""
         return self._run(url, "--dump-dom", budget_ms=budget_ms)
 
-    def screenshot(self, url: str, path: Path, size: str = "1280,900", budget_ms: int = 8000) -> Path:
+    def screenshot(self, url: str, path: Path, size: str = "1280,900", budget_ms: int = 1500) -> Path:
+        # A short budget: virtual time runs the page's clock ahead too, and "in 1s" would read "6s ago".
         self._run(url, f"--screenshot={path}", f"--window-size={size}", budget_ms=budget_ms)
         assert path.exists() and path.stat().st_size > 10_000, f"no screenshot written to {path}"
         return path
@@ -111,8 +112,11 @@ class Page:
         deadline = time.monotonic() + bound
         value: Any = None
         while time.monotonic() < deadline:
-            value = await self.js(expression)
-            if value:
+            try:
+                value = await self.js(expression)
+            except AssertionError as exc:  # the document may be between two pages
+                value = exc
+            if value and not isinstance(value, AssertionError):
                 return value
             await asyncio.sleep(0.1)
         text = await self.js("document.body.innerText")
@@ -120,6 +124,7 @@ class Page:
 
     async def goto(self, url: str) -> None:
         await self.send("Page.navigate", url=url)
+        await self.until(f"{url} loaded", f"location.href === {json.dumps(url)} && document.readyState === 'complete'")
 
     async def click(self, selector: str, text: str) -> None:
         """Click the first ``selector`` element whose text is ``text`` (waiting for it to appear)."""

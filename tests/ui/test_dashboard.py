@@ -145,7 +145,7 @@ def test_cluster_and_dead_letter_views(demo: Demo, browser: Chromium) -> None:
 
 
 def test_screenshots(demo: Demo, browser: Chromium, screenshot_dir: Path) -> None:
-    for name, fragment in (("dashboard", "#/jobs"), ("job", f"#/jobs/{OK}"), ("cluster", "#/cluster")):
+    for name, fragment in (("dashboard", "#/jobs"), ("job", f"#/jobs/{OK}"), ("cluster", "#/cluster"), ("dead", "#/dead")):
         path = browser.screenshot(f"{demo.url}/ui/{fragment}", screenshot_dir / f"{name}.png")
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

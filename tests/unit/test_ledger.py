@@ -634,3 +634,15 @@ def test_pause_note_is_kept_per_job_and_bounded(h: Any) -> None:
         h.ok(PauseJob(at_us=T0 + k, name="ping", paused=k % 2 == 0))
     notes = h.state.notes["ping"]
     assert len(notes) == 200 and notes[-1]["at_us"] == T0 + 204
+
+
+def test_lowering_history_keep_trims_at_once(h: Any) -> None:
+    h.put("ping")
+    done = []
+    for n in range(1, 6):
+        r = h.claim_one("ping", slot(n))
+        h.finish("n1", r["id"], "succeeded", slot(n) + SEC)
+        done.append(r["id"])
+    h.put("ping", at_us=slot(6), history={"keep": 2})
+    assert h.state.job_runs["ping"] == done[-2:]
+    assert all(rid not in h.state.runs for rid in done[:-2])

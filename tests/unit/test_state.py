@@ -206,6 +206,19 @@ def test_reset_keeps_slots_already_decided_beyond_the_change(h: Any) -> None:
     assert out["runs"] == [] and [r["reason"] for r in out["refused"]] == ["slot already decided"] * 2
 
 
+def test_reset_keeps_a_decided_slot_even_when_the_new_spec_trims_it_away(h: Any) -> None:
+    h.put("ping", history={"keep": 3})
+    h.claim(Claim(job="ping", slot_us=slot(3), trigger="schedule", status="failed", reason="no live node"))
+    h.claim_one("ping", slot(4))
+    h.claim_one("ping", slot(5))
+    out = h.put("ping", at_us=slot(1), history={"keep": 1}).result
+    assert len(out["cancelled"]) == 2
+    assert h.state.jobs["ping"]["last_slot_us"] == slot(3)
+    assert len(h.state.job_runs["ping"]) == 1  # the new keep applies at once
+    assert h.claim(Claim(job="ping", slot_us=slot(3), trigger="schedule", node="n1"))["runs"] == []
+    assert len(h.claim(Claim(job="ping", slot_us=slot(4), trigger="schedule", node="n1"))["runs"]) == 1
+
+
 def test_other_transitions(h: Any) -> None:
     assert h.ok(Noop(at_us=T0, node="n1", term=4)) is None
     assert h.state.last_noop == {"node": "n1", "term": 4, "at_us": T0, "index": h.index}
