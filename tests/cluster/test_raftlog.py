@@ -128,7 +128,7 @@ def _listeners(port: int) -> set[str]:
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(table).read().splitlines()[1:]
+            lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
