@@ -44,10 +44,10 @@ from typing import Any
 
 import aiohttp
 
-from tests.cluster.harness import Cluster, Node, http
+from tests.cluster.harness import Cluster
 
 from .rig import (RESULTS, CpuMeter, common_args, cpu_seconds, free_port, fresh_cluster, leader_of, load, machine,
-                  median_of, ms, pct, spawn, stop_process, summary, table, term_of, write_results)
+                  median_of, ms, spawn, stop_process, summary, table, term_of, write_results)
 
 APSCHEDULER_P99 = {100: 0.051, 1000: 0.302, 2000: 0.599}
 GOALS = {100: 0.010, 1000: 0.050}

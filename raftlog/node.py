@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import pysyncobj.syncobj as _pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
-from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
+from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal
 
 from .fsm import ApplyContext, StateMachine

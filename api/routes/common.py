@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -12,6 +12,7 @@ from scheduler.errors import NotFound, ValidationFailed
 
 from ..context import ApiContext
 from ..routing import decode_cursor, encode_cursor
+from ..views import run_view
 
 __all__ = ["ctx_of", "read_json", "ok", "page", "require_job"]
 
@@ -101,6 +102,27 @@ def cursor_int(args: dict[str, Any]) -> int | None:
     if not raw.isdigit():
         raise ValidationFailed([{"field": "query.cursor", "message": "not a cursor this server issued"}])
     return int(raw)
+
+
+def runs_page(ctx: ApiContext, ids: list[str], args: dict[str, Any],
+              keep: Callable[[dict[str, Any]], bool] = lambda run: True) -> dict[str, Any]:
+    """Newest first: ``ids`` are in ledger order (token order); the cursor is a token."""
+    after = cursor_int(args)
+    limit = args.get("limit") or DEFAULT_LIMIT
+    status = args.get("status")
+    items: list[dict[str, Any]] = []
+    for rid in reversed(ids):
+        run = ctx.state.runs.get(rid)
+        if run is None or (after is not None and run["token"] >= after):
+            continue
+        if (status and run["status"] != status) or not keep(run):
+            continue
+        items.append(run)
+        if len(items) > limit:
+            break
+    result = page(items, lambda r: r["token"], args)
+    result["items"] = [run_view(r, output=False) for r in result["items"]]
+    return result
 
 
 def require_job(ctx: ApiContext, name: str) -> None:

@@ -11,8 +11,8 @@ from scheduler.model import parse_job
 from scheduler.planner import us
 
 from ..routing import Param, Route
-from ..views import explain_view, job_view, run_view
-from .common import ctx_of, cursor, cursor_int, ok, page, read_json, require_job
+from ..views import explain_view, job_view
+from .common import ctx_of, cursor, ok, page, read_json, require_job, runs_page
 
 __all__ = ["ROUTES"]
 
@@ -127,21 +127,7 @@ async def _resume_job(request: web.Request, args: dict[str, Any]) -> web.Respons
 async def _job_runs(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
     require_job(ctx, args["name"])
-    after = cursor_int(args)
-    limit = args.get("limit") or 100
-    items = []
-    for rid in reversed(list(ctx.state.job_runs.get(args["name"]) or [])):
-        run = ctx.state.runs.get(rid)
-        if run is None or (after is not None and run["token"] >= after):
-            continue
-        if args.get("status") and run["status"] != args["status"]:
-            continue
-        items.append(run)
-        if len(items) > limit:
-            break
-    result = page(items, lambda r: r["token"], args)
-    result["items"] = [run_view(r, output=False) for r in result["items"]]
-    return ok(result)
+    return ok(runs_page(ctx, list(ctx.state.job_runs.get(args["name"]) or []), args))
 
 
 async def _explain(request: web.Request, args: dict[str, Any]) -> web.Response:

@@ -11,7 +11,7 @@ from scheduler.planner import us
 
 from ..routing import Param, Route
 from ..views import run_view
-from .common import ctx_of, cursor_int, ok, page
+from .common import ctx_of, ok, runs_page
 from .jobs import CURSOR, LIMIT, RUN_STATUSES
 
 __all__ = ["ROUTES"]
@@ -21,26 +21,11 @@ RUN_ID = Param("id", "path", required=True, description="run id")
 
 async def _list_runs(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
-    after = cursor_int(args)
     since = us(args["since"]) if args.get("since") else None
     until = us(args["until"]) if args.get("until") else None
-    limit = args.get("limit") or 100
-    items = []
     ids = list(ctx.state.job_runs.get(args["job"]) or []) if args.get("job") else list(ctx.state.runs)
-    for rid in reversed(ids):
-        run = ctx.state.runs.get(rid)
-        if run is None or (after is not None and run["token"] >= after):
-            continue
-        if args.get("status") and run["status"] != args["status"]:
-            continue
-        if (since is not None and run["slot_us"] < since) or (until is not None and run["slot_us"] > until):
-            continue
-        items.append(run)
-        if len(items) > limit:
-            break
-    result = page(items, lambda r: r["token"], args)
-    result["items"] = [run_view(r, output=False) for r in result["items"]]
-    return ok(result)
+    return ok(runs_page(ctx, ids, args, lambda run: (since is None or run["slot_us"] >= since)
+                        and (until is None or run["slot_us"] <= until)))
 
 
 def _run(request: web.Request, run_id: str) -> dict[str, Any]:
@@ -62,20 +47,8 @@ async def _cancel(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 async def _dead(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
-    after = cursor_int(args)
-    items = []
-    for rid in reversed(list(ctx.state.dead)):
-        run = ctx.state.runs.get(rid)
-        if run is None or (after is not None and run["token"] >= after):
-            continue
-        if args.get("job") and run["job"] != args["job"]:
-            continue
-        items.append(run)
-        if len(items) > (args.get("limit") or 100):
-            break
-    result = page(items, lambda r: r["token"], args)
-    result["items"] = [run_view(r, output=False) for r in result["items"]]
-    return ok(result)
+    job = args.get("job")
+    return ok(runs_page(ctx, list(ctx.state.dead), args, lambda run: not job or run["job"] == job))
 
 
 async def _replay(request: web.Request, args: dict[str, Any]) -> web.Response:

@@ -96,8 +96,12 @@ class Page:
     async def send(self, method: str, **params: Any) -> dict[str, Any]:
         msg_id = next(self._ids)
         await self.ws.send_json({"id": msg_id, "method": method, "params": params})
+        deadline = time.monotonic() + 20
         while True:  # events arrive between answers: skip them
-            msg = await asyncio.wait_for(self.ws.receive_json(), 20)
+            try:
+                msg = await asyncio.wait_for(self.ws.receive_json(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise AssertionError(f"chromium did not answer {method} within 20s") from None
             if msg.get("id") == msg_id:
                 assert "error" not in msg, f"{method}: {msg['error']}"
                 return dict(msg.get("result", {}))
