@@ -13,8 +13,8 @@ import logging
 import os
 import signal
 import socket
-import zoneinfo
 import sys
+import zoneinfo
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,12 @@ from typing import Any
 from aiohttp import web
 
 from raftlog import ApplyContext, Bridge, MissingSecret, NodeConfig, RaftNode
+from scheduler.alert_sender import AlertSender
 from scheduler.clock import SystemClock
 from scheduler.commands import RegisterNode
 from scheduler.duration import parse_duration
 from scheduler.errors import RaftcronError
 from scheduler.executors import HttpExecutor, ShellExecutor
-from scheduler.alert_sender import AlertSender
 from scheduler.leader import LeaderConfig, LeaderLoop
 from scheduler.planner import PlanConfig, us
 from scheduler.service import Service

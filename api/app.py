@@ -10,15 +10,16 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthorized, Unavailable
 
 from .context import ApiContext
-from .routing import Route, openapi, parse_params
 from .routes import cluster, jobs, metrics, runs, ui
+from .routing import Route, openapi, parse_params
 from .schemas import COMPONENTS
 
 __all__ = ["create_app", "CTX", "ROUTES", "openapi_document", "VERSION"]
@@ -28,7 +29,7 @@ CTX = web.AppKey("ctx", ApiContext)
 ROUTE = web.AppKey("route_of", dict)
 VERSION = "0.1.0"
 
-Middleware = Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]
+_Next = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _all_routes() -> list[Route]:
@@ -50,7 +51,7 @@ def _error_response(exc: RaftcronError) -> web.Response:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: _Next) -> web.StreamResponse:
     try:
         return await handler(request)
     except RaftcronError as exc:
@@ -72,7 +73,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
 
 def _auth_middleware(ctx: ApiContext) -> Any:
     @web.middleware
-    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def auth(request: web.Request, handler: _Next) -> web.StreamResponse:
         tokens = ctx.tokens
         if tokens.write is None and tokens.read is None:
             return await handler(request)

@@ -43,7 +43,7 @@ def _secret(data_dir: Path) -> str:
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/v1/health", timeout=0.5) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except OSError:
         return False
 

@@ -29,7 +29,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from raftlog.node import NodeStatus
 from scheduler.commands import (
-    CancelRun, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, Noop, PauseJob, PutJob, ReportLost, StartRuns,
+    CancelRun,
+    ClaimSlots,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    Noop,
+    PauseJob,
+    PutJob,
+    ReportLost,
+    StartRuns,
 )
 from scheduler.state import Applied, State
 

@@ -59,7 +59,7 @@ def _fit(natural: list[int], available: int) -> list[int]:
 
 
 def _line(cells: Sequence[str], widths: Sequence[int], ellipsis: str) -> str:
-    parts = [_cut(cell, w, ellipsis).ljust(w) for cell, w in zip(cells, widths)]
+    parts = [_cut(cell, w, ellipsis).ljust(w) for cell, w in zip(cells, widths, strict=False)]
     return GAP.join(parts).rstrip()
 
 

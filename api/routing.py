@@ -5,8 +5,9 @@ are all built from the same ``Route`` table, so they cannot disagree.
 from __future__ import annotations
 
 import base64
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 

@@ -83,6 +83,7 @@ def restart(cluster: Cluster, how: str, k: int) -> dict[str, Any]:
         caught_up(cluster, n, timeout=60)
     return {"how": how, "round": k, "commit_index_before": status["commit_index"], "stop_s": round(stop_s, 3),
             "exit_codes": exit_codes, "first_write_s": first.get("seconds"), "first_write_via": first.get("via"),
+            "first_http_answer_s": first.get("first_answer_s"),
             "answers": first.get("answers"), "leader_after": leader.name,
             "all_caught_up_s": round(time.monotonic() - start, 3), "load": load()}
 
@@ -130,11 +131,12 @@ def main() -> None:
         s = summary([r["first_write_s"] for r in rs if r["first_write_s"] is not None])
         doc["summary"][how] = {**s, "stop_s_median": median_of(r["stop_s"] for r in rs),
                                "all_caught_up_s_median": median_of(r["all_caught_up_s"] for r in rs)}
-        rows.append([how, len(rs), _f(s["p50"]), _f(s["max"]), _f(doc["summary"][how]["stop_s_median"]),
+        doc["summary"][how]["first_http_answer_s_median"] = median_of(r["first_http_answer_s"] for r in rs)
+        rows.append([how, len(rs), _f(doc["summary"][how]["first_http_answer_s_median"]), _f(s["p50"]), _f(s["max"]), _f(doc["summary"][how]["stop_s_median"]),
                      _f(doc["summary"][how]["all_caught_up_s_median"]), ",".join(str(r["load"]["1m"]) for r in rs)])
     doc["elapsed_s"] = round(time.monotonic() - t_start, 1)
     print()
-    print(table(["stop", "rounds", "first write s (median)", "max s", "stop took s", "all caught up s", "load 1m"], rows))
+    print(table(["stop", "rounds", "API answers s (median)", "first write s (median)", "max s", "stop took s", "all caught up s", "load 1m"], rows))
     print(f"jobs {a.jobs}, disk per node before the last round: {doc.get('disk_bytes_before')}")
     write_results("cold_restart", doc)
 

@@ -82,6 +82,7 @@ async def _first_write(nodes: list[Node], kill_at: float, tag: str, every: float
     done = asyncio.Event()
     first: dict[str, Any] = {}
     statuses: dict[str, int] = {}
+    first_any: dict[str, float] = {}
 
     async def one(s: aiohttp.ClientSession, node: Node, i: int, sent: float) -> None:
         name = f"{tag}-{i}"
@@ -92,6 +93,8 @@ async def _first_write(nodes: list[Node], kill_at: float, tag: str, every: float
         except (aiohttp.ClientError, asyncio.TimeoutError):
             code = 0
         statuses[str(code)] = statuses.get(str(code), 0) + 1
+        if code and "first_answer_s" not in first_any:
+            first_any["first_answer_s"] = round(time.monotonic() - kill_at, 3)
         if code in (200, 201) and not first:
             first.update({"seconds": time.monotonic() - kill_at, "via": node.name, "sent_after": round(sent - kill_at, 3)})
             done.set()
@@ -110,7 +113,7 @@ async def _first_write(nodes: list[Node], kill_at: float, tag: str, every: float
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {**first, "puts_sent": i, "answers": statuses}
+    return {**first, **first_any, "puts_sent": i, "answers": statuses}
 
 
 def kill_loop(cluster: Cluster, a: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:

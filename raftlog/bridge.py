@@ -90,5 +90,5 @@ class Bridge:
     async def _wait(fut: asyncio.Future[Any], timeout: float) -> Any:
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s") from exc

@@ -8,8 +8,9 @@ a leader installs a snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 __all__ = ["ApplyContext", "StateMachine"]
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pysyncobj.syncobj as _pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -107,11 +108,11 @@ _STATES = {0: "follower", 1: "candidate", 2: "leader"}
 class _Host(SyncObj):  # type: ignore[misc]
     """The SyncObj subclass: its only replicated method is ``_rc_apply``."""
 
-    def __init__(self, owner: "RaftNode", self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
+    def __init__(self, owner: RaftNode, self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
         self._rc_owner = owner
         super().__init__(self_addr, peers, conf)
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]
     def _rc_apply(self, payload: bytes) -> Any:
         # pysyncobj bumps raftLastApplied right after this returns.
         return self._rc_owner._apply(payload, self.raftLastApplied + 1)

@@ -18,7 +18,8 @@ import logging
 import os
 import struct
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pysyncobj.config import SERIALIZER_STATE
 

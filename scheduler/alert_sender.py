@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -87,7 +88,7 @@ class AlertSender:
                 await resp.read()
                 ok = 200 <= resp.status < 300
                 error = None if ok else f"webhook answered {resp.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             ok, error = False, f"webhook unreachable: {type(exc).__name__}: {exc}"
         log.info("alert %s (%s of %s) to %s: %s", alert["id"], alert["event"], alert["job"], url, "delivered" if ok else error)
         if self.on_delivery is not None:

@@ -55,7 +55,7 @@ def parse_duration(value: object) -> float:
             m = _DURATION_RE.fullmatch(text)
             if not text or m is None:
                 raise ValueError(f"invalid duration {value!r}: use e.g. '90s', '5m', '1h30m', '2d'")
-            seconds = sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS) if g)
+            seconds = sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=False) if g)
     else:
         raise ValueError("must be a duration like '90s', '5m' or '1h30m'")  # noqa: TRY004
     if seconds < 0:

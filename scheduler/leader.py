@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .clock import Clock
 from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
@@ -108,7 +109,7 @@ class LeaderLoop:
         self._wake.clear()
         try:
             await asyncio.wait_for(self._wake.wait(), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _tick(self, led_since: float) -> None:

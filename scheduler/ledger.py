@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import alerts
-from .commands import CancelRun, ClaimSlots, Claim, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
+from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
 
 if TYPE_CHECKING:
     from .state import State

@@ -21,9 +21,10 @@ Decisions per job, walking its slots from the last decided one (invariant 6):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from .commands import Claim
 from .model import Job
@@ -31,7 +32,7 @@ from .model import Job
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "due_retries",
            "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
 
-UTC = timezone.utc
+UTC = UTC
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 
@@ -204,9 +205,9 @@ def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, p
         base = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
                     retry_of=run["id"], not_before_us=max(run["retry_at_us"], run["slot_us"]))
         if nodes:
-            claims.append(Claim(node=nodes[0], **base))  # type: ignore[arg-type]
+            claims.append(Claim(node=nodes[0], **base))
         else:
-            claims.append(Claim(status="failed", reason=why, **base))  # type: ignore[arg-type]
+            claims.append(Claim(status="failed", reason=why, **base))
     return claims
 
 
@@ -226,7 +227,7 @@ def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig) -> li
 
 def fire_at_us(run: dict[str, Any]) -> int:
     """When a claimed attempt is due to start: its slot, or its retry's backoff instant."""
-    return max(run["slot_us"], run.get("not_before_us") or 0)
+    return int(max(run["slot_us"], run.get("not_before_us") or 0))
 
 
 def dependency_claims(pending: list[dict[str, Any]], jobs: dict[str, Job], picker: Picker) -> list[Claim]:
@@ -237,12 +238,12 @@ def dependency_claims(pending: list[dict[str, Any]], jobs: dict[str, Job], picke
             continue
         base = dict(job=dep["job"], slot_us=dep["slot_us"], trigger="dependency", cause=dep["upstream"])
         if job.paused:
-            claims.append(Claim(status="skipped", reason="the job is paused", **base))  # type: ignore[arg-type]
+            claims.append(Claim(status="skipped", reason="the job is paused", **base))
             continue
         nodes, why = picker.pick(job)
         if nodes:
-            claims.append(Claim(node=nodes[0], **base))  # type: ignore[arg-type]
+            claims.append(Claim(node=nodes[0], **base))
         else:
-            claims.append(Claim(status="failed", reason=why, **base))  # type: ignore[arg-type]
+            claims.append(Claim(status="failed", reason=why, **base))
     return claims
 

@@ -12,14 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from raftlog import Bridge, NotCommitted, UnknownOutcome
 from raftlog.node import RaftNode
 
 from .clock import Clock
 from .commands import (
-    CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, PauseJob, PutJob, Rejected,
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    Command,
+    DeleteDeadLetter,
+    DeleteJob,
+    PauseJob,
+    PutJob,
+    Rejected,
     encode_command,
 )
 from .errors import Conflict, NotFound, OutcomeUnknown, RaftcronError, Unavailable, ValidationFailed

@@ -13,8 +13,9 @@ The run transitions themselves live in ``scheduler.ledger``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import msgpack
 
@@ -23,8 +24,23 @@ from raftlog.fsm import ApplyContext
 
 from . import alerts, ledger
 from .commands import (
-    AlertResults, CancelRun, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
-    PauseJob, PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, decode_command,
+    AlertResults,
+    CancelRun,
+    ClaimSlots,
+    Command,
+    DeleteDeadLetter,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    Noop,
+    PauseJob,
+    PutJob,
+    RegisterNode,
+    Rejected,
+    RenewLeases,
+    ReportLost,
+    StartRuns,
+    decode_command,
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
@@ -247,7 +263,7 @@ class State:
             raise CodecError(
                 f"state snapshot version {meta.get('v')} is not understood (this build reads {SNAPSHOT_VERSION})"
             )
-        self.__init__()  # type: ignore[misc] - restore discards all previous state
+        State.__init__(self)  # restore discards all previous state
         self.applied_index = meta["applied_index"]
         self.last_noop = meta.get("last_noop") or {}
         self.jobs = dict(sections.get("jobs", []))

@@ -16,12 +16,22 @@ died as lost, so the leader can retry them at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .clock import Clock
 from .commands import (
-    CancelRun, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, PauseJob, PutJob, RenewLeases, ReportLost,
+    CancelRun,
+    ClaimSlots,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    PauseJob,
+    PutJob,
+    RenewLeases,
+    ReportLost,
     StartRuns,
 )
 from .errors import RaftcronError
@@ -96,7 +106,10 @@ class Worker:
             return
         task = asyncio.get_running_loop().create_task(self._fire(run), name=f"{run['job']}@{rid}")
         self._tasks[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(rid, None)
 
     def _stop_attempts(self, run_ids: Any, why: str) -> None:
         for rid in run_ids:
@@ -159,7 +172,7 @@ class Worker:
         while True:
             try:
                 await asyncio.wait_for(self._kick.wait(), renew_every)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._kick.clear()
             await asyncio.sleep(self.flush_interval)  # gather a batch

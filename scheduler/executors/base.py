@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 __all__ = ["Attempt", "Outcome", "OutcomeStatus", "Executor", "OUTPUT_CAP", "identity", "rfc3339"]
@@ -21,13 +21,13 @@ OUTPUT_CAP = 8192
 
 def rfc3339(t: datetime) -> str:
     """``2026-12-01T10:00:00Z``; fractional seconds only when present."""
-    t = t.astimezone(timezone.utc)
+    t = t.astimezone(UTC)
     if t.microsecond:
         return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class OutcomeStatus(str, enum.Enum):
+class OutcomeStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed_out"

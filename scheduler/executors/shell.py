@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .base import OUTPUT_CAP, Attempt, Outcome, OutcomeStatus, identity
@@ -38,7 +38,7 @@ _POLL = 0.05  # seconds between checks whether a signalled group has gone
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class OutputTail:

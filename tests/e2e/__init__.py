@@ -1,0 +1,1 @@
+"""End-to-end tests against the docker-compose cluster (see README.md here)."""

@@ -1,0 +1,414 @@
+"""The docker-compose cluster, end to end: three agents from the project image plus an HTTP
+sink (the same image running tests/e2e/sink with the standard library). An `@every 1s` job
+POSTs to the sink while the leader's container is killed and restarted and a follower is cut
+off its network; then the ledger and the sink are checked (one decision per slot, no gap,
+every slot delivered, duplicates only after a `lost` attempt), and the cluster is taken down
+and brought up again on the same volumes.
+
+The compose file the test runs is generated from docker-compose.yml with PyYAML: in compose
+v1.29 an override's `ports` are appended to the base file's (8001-8003 would still be
+published), so the test writes a whole file with the APIs on free 127.0.0.1 ports, no
+`build:` section (the image is built beforehand) and the sink service added.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+
+from .conftest import ROOT, TIMINGS, compose_command, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+NODES = ("n1", "n2", "n3")
+JOB = "e2e-tick"
+SINK_PORT = 8080
+SCHEDULED = ("schedule", "catchup")
+
+
+# ---- small helpers -------------------------------------------------------------------------
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.25) -> Any:
+    """Poll check() until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except Exception as exc:  # noqa: BLE001 - a node may be down while we wait
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.1500})")
+        time.sleep(interval)
+
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with _opener.open(req, timeout=timeout) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# ---- the cluster ---------------------------------------------------------------------------
+
+class ComposeCluster:
+    """One compose project of our own: raftcron-e2e-<random>, three nodes and the sink."""
+
+    def __init__(self, workdir: Path, image: str) -> None:
+        self.project = f"raftcron-e2e-{secrets.token_hex(4)}"
+        self.image = image
+        self.ports = dict(zip(NODES, free_ports(len(NODES))))
+        self.file = workdir / "docker-compose.e2e.yml"
+        self.cmd = compose_command() or ["docker-compose"]
+        # A fresh secret per run, through the environment only. Compose reads .env from the
+        # project directory, the folder of the generated file (nothing there), and the shell's
+        # COMPOSE_*/RAFTCRON_* variables are dropped so a developer's settings do not leak in.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "RAFTCRON_"))}
+        self.env.update(RAFTCRON_IMAGE=image, RAFTCRON_SECRET=secrets.token_hex(32))
+        self.file.write_text(yaml.safe_dump(self._compose_doc(), sort_keys=False))
+        self._ids: dict[str, str] = {}
+
+    def _compose_doc(self) -> dict[str, Any]:
+        with open(ROOT / "docker-compose.yml") as f:
+            doc = yaml.safe_load(f)  # resolves the file's anchors and `<<` merges
+        doc = {k: v for k, v in doc.items() if not k.startswith("x-")}
+        doc = json.loads(json.dumps(doc))  # no shared sub-objects: safe_dump would emit aliases
+        services = doc["services"]
+        assert set(NODES) <= set(services), f"docker-compose.yml has no services {NODES}: {list(services)}"
+        for name in NODES:
+            svc = services[name]
+            svc.pop("build", None)  # we run with --no-build; its relative context would point at tmp
+            svc["ports"] = [f"127.0.0.1:{self.ports[name]}:8001"]
+        first = services[NODES[0]]
+        services["sink"] = {
+            "image": first["image"],
+            "init": True,
+            "restart": "no",
+            "entrypoint": ["python3", "-m", "sink"],
+            "working_dir": "/opt/e2e",
+            "environment": {"SINK_PORT": str(SINK_PORT)},
+            "volumes": [f"{ROOT / 'tests' / 'e2e' / 'sink'}:/opt/e2e/sink:ro"],
+            "networks": copy.deepcopy(first["networks"]),
+            "healthcheck": {
+                "test": ["CMD", "python3", "-c",
+                         f"import urllib.request as u; u.urlopen('http://127.0.0.1:{SINK_PORT}/health', timeout=2)"],
+                "interval": "5s", "timeout": "3s", "retries": 3,
+            },
+        }
+        return doc
+
+    # compose and docker
+    def compose(self, *args: str, timeout: float = 180.0, check: bool = True) -> str:
+        proc = run([*self.cmd, "-p", self.project, "-f", str(self.file), *args], timeout,
+                   f"compose {' '.join(args)}", check=check, env=self.env)
+        return proc.stdout
+
+    def up(self) -> None:
+        self._ids.clear()
+        self.compose("up", "-d", "--no-build")
+
+    def container(self, service: str) -> str:
+        if service not in self._ids:
+            cid = self.compose("ps", "-q", service, timeout=60).strip()
+            assert cid, f"no container for service {service} in project {self.project}"
+            self._ids[service] = cid.splitlines()[0]
+        return self._ids[service]
+
+    def inspect(self, service: str) -> dict[str, Any]:
+        out = run(["docker", "inspect", self.container(service)], 30, f"docker inspect {service}").stdout
+        return json.loads(out)[0]  # type: ignore[no-any-return]
+
+    def network(self) -> str:
+        nets = list(self.inspect("sink")["NetworkSettings"]["Networks"])
+        assert len(nets) == 1, f"the sink should be on the cluster network only: {nets}"
+        return nets[0]
+
+    def ip(self, service: str) -> str | None:
+        net = self.inspect(service)["NetworkSettings"]["Networks"].get(self.network())
+        return net["IPAddress"] if net else None
+
+    def logs(self, tail: int = 200) -> str:
+        return self.compose("logs", "--no-color", f"--tail={tail}", timeout=60, check=False)
+
+    # the API, from the host through the published ports
+    def url(self, node: str) -> str:
+        return f"http://127.0.0.1:{self.ports[node]}"
+
+    def get(self, node: str, path: str, timeout: float = 5.0) -> Any:
+        status, body = http("GET", self.url(node) + path, timeout=timeout)
+        assert status == 200, f"GET {path} on {node}: {status} {body}"
+        return body
+
+    def agreed_leader(self, among: tuple[str, ...] | list[str] = NODES) -> str | None:
+        """The leader every node in `among` names, once all three are registered and the
+        leader sees each of `among` reachable; None while that is not so."""
+        views = {}
+        for n in among:
+            self.get(n, "/v1/health", timeout=2)
+            views[n] = self.get(n, "/v1/cluster", timeout=2)
+        leaders = {(v.get("leader") or {}).get("node_id") for v in views.values()}
+        if len(leaders) != 1:
+            return None
+        leader = leaders.pop()
+        if leader not in among:
+            return None
+        members = {m["node_id"]: m for m in views[leader]["members"]}
+        if not set(NODES) <= set(members) or not all(members[n]["reachable"] for n in among):
+            return None
+        return leader  # type: ignore[no-any-return]
+
+    def wait_healthy(self, what: str, among: tuple[str, ...] | list[str] = NODES, timeout: float = 90.0) -> str:
+        return wait_for(f"{what}: /v1/health on {', '.join(among)} and one leader they agree on, "
+                        f"with {', '.join(NODES)} registered", lambda: self.agreed_leader(among), timeout)
+
+    def runs(self, node: str, job: str = JOB) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(1000):
+            body = self.get(node, f"/v1/jobs/{job}/runs?limit=500" + (f"&cursor={cursor}" if cursor else ""),
+                            timeout=10)
+            items += body["items"]
+            cursor = body["next_cursor"]
+            if not cursor:
+                return items
+        raise AssertionError("the runs of {job} did not end after 1000 pages")
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        """What the sink recorded, from its stdout (`docker logs`), headers lower-cased."""
+        out = run(["docker", "logs", self.container("sink")], 60, "docker logs of the sink").stdout
+        records = []
+        for line in out.splitlines():
+            if line.startswith("SINK {"):
+                rec = json.loads(line[5:])
+                if "headers" in rec:
+                    rec["headers"] = {k.lower(): v for k, v in rec["headers"].items()}
+                    records.append(rec)
+        return records
+
+    def sink_listening(self) -> bool:
+        out = run(["docker", "logs", self.container("sink")], 60, "docker logs of the sink").stdout
+        return '"listening"' in out
+
+
+@pytest.fixture
+def cluster(e2e_image: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ComposeCluster]:
+    c = ComposeCluster(tmp_path, e2e_image)
+    try:
+        yield c
+    finally:
+        failed = any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+        if failed:
+            print(f"===== compose logs of {c.project} =====\n{c.logs(300)}")
+        c.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=180, check=False)
+        # Whatever still carries our project label (a container a failed `down` left behind).
+        label = f"label=com.docker.compose.project={c.project}"
+        for kind, ls_cmd in (("container", ["docker", "ps", "-aq", "-f", label]),
+                             ("volume", ["docker", "volume", "ls", "-q", "-f", label]),
+                             ("network", ["docker", "network", "ls", "-q", "-f", label])):
+            left = run(ls_cmd, 30, f"list {kind}s of {c.project}", check=False).stdout.split()
+            for obj in left:
+                run(["docker", kind, "rm", *(["-f"] if kind == "container" else []), obj], 60,
+                    f"remove {kind} {obj}", check=False)
+            assert not left or failed, f"`down -v` left {kind}s of {c.project}: {left}"
+
+
+# ---- the ledger checks (as tests/cluster/test_scheduling.py) --------------------------------
+
+def decisions(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if r["trigger"] in SCHEDULED]
+
+
+def assert_one_decision_per_slot(runs: list[dict[str, Any]], period: float = 1.0) -> list[float]:
+    per_slot = Counter(r["slot"] for r in decisions(runs))
+    doubled = {s: n for s, n in per_slot.items() if n > 1}
+    assert not doubled, f"slots decided more than once: {doubled}"
+    slots = sorted(ts(s) for s in per_slot)
+    assert slots, "no slot decided at all"
+    gaps = [(a, b) for a, b in zip(slots, slots[1:]) if abs((b - a) - period) > 0.001]
+    assert not gaps, f"slots missing between decided ones (first gaps): {gaps[:5]}"
+    return slots
+
+
+def assert_duplicates_follow_a_lost_attempt(runs: list[dict[str, Any]], delivered: list[dict[str, Any]]) -> int:
+    """Every delivery of a slot after its first comes from an attempt later than a `lost`
+    attempt of that slot; no attempt (run id) is delivered twice. Returns the duplicates."""
+    per_run = Counter(d["headers"].get("x-raftcron-run-id") for d in delivered)
+    twice = {r: n for r, n in per_run.items() if n > 1}
+    assert not twice, f"one attempt delivered more than once: {twice}"
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for d in delivered:
+        by_key.setdefault(d["headers"]["idempotency-key"], []).append(d)
+    by_slot: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_slot.setdefault(r["slot"], []).append(r)
+    duplicates = 0
+    for key, ds in by_key.items():
+        if len(ds) < 2:
+            continue
+        slot = key.split("@", 1)[1]
+        lost = [int(r["attempt"]) for r in by_slot.get(slot, []) if r["status"] == "lost"]
+        ds.sort(key=lambda d: d["t"])
+        for d in ds[1:]:
+            duplicates += 1
+            attempt = int(d["headers"].get("x-raftcron-attempt", "0"))
+            assert any(a < attempt for a in lost), (
+                f"{key} delivered {len(ds)}x, attempt {attempt} without an earlier lost attempt: "
+                f"runs {by_slot.get(slot)}; deliveries {[x['headers'] for x in ds]}")
+    return duplicates
+
+
+# ---- the test ------------------------------------------------------------------------------
+
+def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeCluster) -> None:
+    c = cluster
+    t_start = time.monotonic()
+
+    # 2-3. up, and healthy
+    t0 = time.monotonic()
+    c.up()
+    leader = c.wait_healthy("the cluster after `up -d`")
+    TIMINGS["up -d to a healthy cluster (empty volumes)"] = time.monotonic() - t0
+    wait_for("the sink to listen (its 'listening' line in docker logs)", c.sink_listening, 30)
+
+    # 4. the job
+    job = {"name": JOB, "schedule": "@every 1s", "executor": "http",
+           "http": {"url": f"http://sink:{SINK_PORT}/hook", "method": "POST"}, "timeout": "20s",
+           "catchup": {"policy": "all", "window": "5m"}}
+
+    def put() -> Any:
+        status, body = http("PUT", f"{c.url(c.agreed_leader() or leader)}/v1/jobs/{JOB}", job, timeout=8)
+        if status in (200, 201):
+            return body
+        assert status in (503, 504), f"PUT /v1/jobs/{JOB}: {status} {body}"
+        return None
+
+    wait_for(f"PUT /v1/jobs/{JOB} answered 200/201", put, 30)
+    wait_for("the first two deliveries at the sink", lambda: len(c.deliveries()) >= 2, 30)
+    time.sleep(5)  # deliberate: let it run
+
+    # 5. kill the leader's container; a new leader; start it again
+    leader = c.wait_healthy("the leader before the kill", timeout=30)
+    survivors = [n for n in NODES if n != leader]
+    run(["docker", "kill", c.container(leader)], 60, f"docker kill {leader}")
+    t_kill_wall, t_kill = time.time(), time.monotonic()
+    new_leader = c.wait_healthy(f"a new leader among {survivors} after killing {leader}", survivors, timeout=30)
+    TIMINGS[f"failover ({leader} killed -> {new_leader} agreed leader)"] = time.monotonic() - t_kill
+    assert new_leader != leader
+    time.sleep(4)  # deliberate: the new leader schedules alone for a while
+    run(["docker", "start", c.container(leader)], 60, f"docker start {leader}")
+    t0 = time.monotonic()
+    leader = c.wait_healthy(f"{leader} back after docker start", timeout=60)
+    TIMINGS["killed node back: docker start to healthy"] = time.monotonic() - t0
+
+    # 6. cut a follower off the cluster network, then reconnect it (with its aliases)
+    follower = next(n for n in NODES if n != leader)
+    net = c.network()
+    endpoint = c.inspect(follower)["NetworkSettings"]["Networks"][net]
+    aliases = [a for a in (endpoint.get("Aliases") or []) if a]
+    ip_before = endpoint["IPAddress"]
+    run(["docker", "network", "disconnect", net, c.container(follower)], 60, f"disconnect {follower}")
+    try:
+        time.sleep(5)  # deliberate: the partition
+    finally:
+        run(["docker", "network", "connect", *[f"--alias={a}" for a in aliases], net, c.container(follower)], 60,
+            f"reconnect {follower} to {net}")
+    t0 = time.monotonic()
+    ip_after = c.ip(follower)
+    leader = c.wait_healthy(f"{follower} rejoined after the partition (IP {ip_before} -> {ip_after})", timeout=60)
+    TIMINGS[f"partitioned follower back: reconnect to healthy (IP {ip_before} -> {ip_after})"] = time.monotonic() - t0
+    time.sleep(3)  # deliberate: let it run after the partition
+
+    # 7. the ledger and the sink
+    end = time.time() - 1.0  # slots up to here must be decided and delivered
+
+    def window_complete() -> Any:
+        runs = c.runs(leader)
+        slots = sorted(ts(r["slot"]) for r in decisions(runs))
+        if not slots or slots[-1] < end:
+            return None
+        keys = {d["headers"].get("idempotency-key") for d in c.deliveries()}
+        window = [r for r in decisions(runs) if t_kill_wall - 1 <= ts(r["slot"]) <= end]
+        missing = sorted(r["slot"] for r in window if f"{JOB}@{r['slot']}" not in keys)
+        return (runs, window) if not missing else ("missing", missing[:10], len(missing))
+
+    def complete() -> Any:
+        got = window_complete()
+        return got if got and got[0] != "missing" else None
+
+    try:
+        _, window = wait_for(f"every slot from the kill to {end:.0f} decided and delivered to the sink", complete, 45)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nlast check: {window_complete()!r:.2000}") from None
+    delivered = c.deliveries()
+    runs = c.runs(leader)
+    slots = assert_one_decision_per_slot(runs)
+    assert slots[0] <= t_kill_wall - 3, "the ledger should hold slots from before the kill"
+    assert len(window) >= int(end - t_kill_wall) - 1, (len(window), end - t_kill_wall)
+    duplicates = assert_duplicates_follow_a_lost_attempt(runs, delivered)
+    statuses = Counter(r["status"] for r in runs)
+    TIMINGS["ledger"] = (f"{len(runs)} runs, {len(slots)} slots, statuses {dict(statuses)}, "
+                         f"{len(delivered)} deliveries, {duplicates} duplicate(s)")
+
+    # 8. down (keeping the volumes) and up again: the job and the ledger are still there
+    before = {r["id"] for r in runs}
+    c.compose("down", "-t", "10", timeout=180)
+    t0 = time.monotonic()
+    c.up()
+    leader = c.wait_healthy("the cluster after down and up on the same volumes")
+    TIMINGS["up -d to a healthy cluster (existing volumes)"] = time.monotonic() - t0
+    status, body = http("GET", f"{c.url(leader)}/v1/jobs/{JOB}")
+    assert status == 200 and body["name"] == JOB, f"GET /v1/jobs/{JOB} after the restart: {status} {body}"
+    t_up_wall = time.time()
+    after = wait_for("a slot decided after the restart", lambda: (
+        r if any(ts(x["slot"]) >= t_up_wall for x in decisions(r := c.runs(leader))) else None), 30)
+    ids = {r["id"] for r in after}
+    assert len(after) >= len(runs), f"{len(after)} runs after the restart, {len(runs)} before"
+    assert before <= ids, f"runs gone after the restart: {sorted(before - ids)[:10]}"
+    assert_one_decision_per_slot(after)  # the slots of the downtime were caught up, once each
+    wait_for("a delivery at the new sink container", lambda: c.deliveries(), 30)
+    TIMINGS["test body"] = time.monotonic() - t_start
