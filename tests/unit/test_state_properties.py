@@ -51,7 +51,7 @@ def job_spec(name: str, variant: int) -> dict[str, Any]:
 
 pick = st.integers(min_value=0, max_value=50)
 name_i = st.sampled_from((0, 1, 2, 0, 1, 2, 3))  # 3: a job that does not exist
-node = st.sampled_from(("n1", "n2", "n1", "n2", "n9"))
+node = st.sampled_from(("n1", "n2", "n1", "n2", "n1", "n2", "n9"))
 reporter = st.sampled_from(("owner", "owner", "owner", "n1", "n2", "n9"))  # owner: the node of the first run named
 claim_spec = st.tuples(
     st.sampled_from((-1, 0, 1, 1, 1, 2, 2, 3)),  # slot: minutes after the job's last decided one (<= 0: decided)
@@ -62,31 +62,33 @@ claim_spec = st.tuples(
     pick,
 )
 entry = st.tuples(name_i, st.lists(claim_spec, min_size=1, max_size=5))  # one entry: mostly one job's claims
-steps = st.one_of(
-    st.tuples(st.just("put"), name_i, st.integers(0, len(VARIANTS) - 1)),
-    st.tuples(st.just("put"), name_i, st.integers(0, len(VARIANTS) - 1)),
-    st.tuples(st.just("delete"), name_i),
-    st.tuples(st.just("pause"), name_i, st.booleans()),
-    st.tuples(st.just("claim"), st.lists(entry, min_size=1, max_size=2), st.lists(pick, max_size=2), st.booleans()),
-    st.tuples(st.just("claim"), entry.map(lambda e: [e]), st.just([]), st.just(False)),
-    st.tuples(st.just("claim"), entry.map(lambda e: [e]), st.just([]), st.just(False)),
-    st.tuples(st.just("start"), reporter, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("start"), reporter, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("renew"), reporter, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("finish"), reporter, st.lists(pick, min_size=1, max_size=3),
-              st.sampled_from(["succeeded", "failed", "failed", "timed_out"]), st.integers(0, 3)),
-    st.tuples(st.just("finish"), reporter, st.lists(pick, min_size=1, max_size=3),
-              st.sampled_from(["succeeded", "failed", "failed", "timed_out"]), st.integers(0, 3)),
-    st.tuples(st.just("expire"), st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("lost"), reporter, st.lists(pick, min_size=1, max_size=3)),
-    st.tuples(st.just("cancel"), pick),
-    st.tuples(st.just("delete_dead"), pick),
-    st.tuples(st.just("garbage"), st.binary(max_size=24)),
-    st.tuples(st.just("mistyped"), st.sampled_from(["claim_slots", "start_runs", "finish_runs", "put_job"]),
-              st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3),
-                        st.lists(st.integers(-2**63, 2**63), max_size=2),
-                        st.dictionaries(st.text(max_size=2), st.integers(-2**63, 2**63), max_size=2))),
-    st.tuples(st.just("tick"), st.integers(0, 15)),
+runs = st.lists(pick, min_size=1, max_size=3)
+outcome = st.sampled_from(["succeeded", "failed", "failed", "timed_out"])
+
+
+def weighted(*pairs: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    return st.one_of(*[strategy for weight, strategy in pairs for _ in range(weight)])
+
+
+steps = weighted(
+    (2, st.tuples(st.just("job"), st.sampled_from(("put", "put", "put", "pause", "resume", "delete")), name_i,
+                  st.integers(0, len(VARIANTS) - 1))),
+    (1, st.tuples(st.just("claim"), st.lists(entry, min_size=1, max_size=2), st.lists(pick, max_size=2),
+                  st.booleans())),
+    (3, st.tuples(st.just("claim"), entry.map(lambda e: [e]), st.just([]), st.just(False))),
+    (2, st.tuples(st.just("start"), reporter, runs)),
+    (1, st.tuples(st.just("renew"), reporter, runs)),
+    (3, st.tuples(st.just("finish"), reporter, runs, outcome, st.integers(0, 3))),
+    (1, st.tuples(st.just("expire"), runs)),
+    (1, st.tuples(st.just("lost"), reporter, runs)),
+    (1, st.tuples(st.just("cancel"), pick)),
+    (1, st.tuples(st.just("delete_dead"), pick)),
+    (1, st.tuples(st.just("garbage"), st.binary(max_size=24))),
+    (1, st.tuples(st.just("mistyped"), st.sampled_from(["claim_slots", "start_runs", "finish_runs", "put_job"]),
+                  st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3),
+                            st.lists(st.integers(-2**63, 2**63), max_size=2),
+                            st.dictionaries(st.text(max_size=2), st.integers(-2**63, 2**63), max_size=2)))),
+    (1, st.tuples(st.just("tick"), st.integers(0, 15))),
 )
 
 
@@ -111,13 +113,13 @@ class Driver:
     def command(self, step: tuple[Any, ...]) -> Command | bytes:
         kind = step[0]
         self.now += 7 * SEC
-        name = NAMES[step[1]] if kind in ("put", "delete", "pause") and step[1] < len(NAMES) else "ghost"
-        if kind == "put":
-            return PutJob(at_us=self.now, spec=job_spec(name, step[2]) if name != "ghost" else {"name": "Bad!"})
-        if kind == "delete":
-            return DeleteJob(at_us=self.now, name=name)
-        if kind == "pause":
-            return PauseJob(at_us=self.now, name=name, paused=step[2], note="n" if step[2] else None)
+        if kind == "job":
+            verb, name = step[1], NAMES[step[2]] if step[2] < len(NAMES) else "ghost"
+            if verb == "put":
+                return PutJob(at_us=self.now, spec=job_spec(name, step[3]) if name != "ghost" else {"name": "Bad!"})
+            if verb == "delete":
+                return DeleteJob(at_us=self.now, name=name)
+            return PauseJob(at_us=self.now, name=name, paused=verb == "pause", note="n" if verb == "pause" else None)
         if kind == "claim":
             claims = tuple(self.claim(job_i, *c) for job_i, specs in step[1] for c in specs)
             summaries = ({"job": claims[0].job, "status": "missed", "count": 3, "first_us": T0,
@@ -173,7 +175,7 @@ class Driver:
         if trigger in ("retry", "replay"):
             waiting = [rid for rid in self.state.active if self.state.runs[rid]["status"] in ("retrying", "lost")]
             source = list(self.state.dead) if trigger == "replay" else waiting
-            source = source if source and k % 4 else list(self.state.runs)
+            source = source if source or k % 4 else list(self.state.runs)  # now and then, any run
             if source:
                 prev = self.state.runs[source[k % len(source)]]
                 return Claim(job=prev["job"], slot_us=prev["slot_us"], trigger=trigger, status=status,
@@ -184,6 +186,8 @@ class Driver:
                 d = deps[k % len(deps)]
                 return Claim(job=d["job"], slot_us=d["slot_us"], trigger="dependency", status=status,
                              node=node_or_none, cause=d["upstream"])
+        if trigger in ("retry", "replay", "dependency") and k % 4:
+            trigger = "schedule"  # nothing to follow up: mostly a plain slot instead
         cause = f"req-{k % 3}" if trigger == "manual" else None
         rec = self.state.jobs.get(job)
         last = rec["last_slot_us"] if rec is not None and rec["last_slot_us"] is not None else T0
