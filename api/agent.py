@@ -259,7 +259,15 @@ class Agent:
         metrics = self.api_context.extras.get("metrics")
         sender = AlertSender(self.service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.advertise_http}",
                              on_delivery=getattr(metrics, "alert_delivered", None))
-        await asyncio.gather(loop.run(), sender.run())
+        # The leader loop decides when this leadership is over (it also ends on a new term,
+        # even one this node won again); the sender goes with it, so the watcher starts a
+        # fresh loop, barrier first, for the next term.
+        sender_task = asyncio.create_task(sender.run(), name="alert-sender")
+        try:
+            await loop.run()
+        finally:
+            sender_task.cancel()
+            await asyncio.gather(sender_task, return_exceptions=True)
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""

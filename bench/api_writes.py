@@ -23,14 +23,30 @@ import argparse
 import asyncio
 import itertools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
 from tests.cluster.harness import Cluster
 
-from .rig import (CpuMeter, common_args, free_port, fresh_cluster, leader_of, load, machine, median_of, ms, spawn,
-                  stop_process, summary, table, term_of, write_results)
+from .rig import (
+    CpuMeter,
+    common_args,
+    free_port,
+    fresh_cluster,
+    leader_of,
+    load,
+    machine,
+    median_of,
+    ms,
+    spawn,
+    stop_process,
+    summary,
+    table,
+    term_of,
+    write_results,
+)
 
 CONFIGS: dict[str, list[str]] = {"fsync": [], "no-fsync": ["--no-fsync"]}
 GOAL_P50 = 0.005
@@ -50,7 +66,7 @@ async def _put(session: aiohttp.ClientSession, base: str, name: str) -> tuple[fl
         async with session.put(f"{base}/v1/jobs/{name}", json=job_doc(name)) as resp:
             await resp.read()
             status = resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         status = 0
     return time.perf_counter() - t0, status
 
@@ -205,7 +221,7 @@ def _cpu_per_write(phase: dict[str, Any], idle: dict[str, Any] | None) -> float 
         return None
     busy = sum(v for k, v in cpu["cpu_s"].items() if k != "bench" and v is not None)
     idle_rate = sum(v for k, v in idle["cpu_s"].items() if k != "bench" and v is not None) / idle["wall_s"]
-    return max(0.0, busy - idle_rate * cpu["wall_s"]) / phase["ok"]
+    return float(max(0.0, busy - idle_rate * cpu["wall_s"]) / phase["ok"])
 
 
 def _m(v: float | None) -> float | None:

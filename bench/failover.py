@@ -32,8 +32,19 @@ from tests.cluster.harness import Cluster, Node, http
 
 from .api_writes import job_doc, saturate
 from .lateness import SinkFarm, every_job
-from .rig import (caught_up, common_args, fresh_cluster, leader_of, load, machine, pct, summary, table,
-                  write_results)
+from .rig import (
+    caught_up,
+    common_args,
+    fresh_cluster,
+    leader_of,
+    load,
+    machine,
+    pct,
+    summary,
+    table,
+    term_of,
+    write_results,
+)
 
 GOAL_MEDIAN, GOAL_MAX = 1.0, 3.0
 
@@ -58,7 +69,7 @@ class TermSampler:
                     self.samples.append((time.monotonic(), n.name, int(body["term"])))
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "TermSampler":
+    def __enter__(self) -> TermSampler:
         self._thread.start()
         return self
 
@@ -90,7 +101,7 @@ async def _first_write(nodes: list[Node], kill_at: float, tag: str, every: float
             async with s.put(f"{node.url}/v1/jobs/{name}", json=job_doc(name)) as r:
                 await r.read()
                 code = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             code = 0
         statuses[str(code)] = statuses.get(str(code), 0) + 1
         if code and "first_answer_s" not in first_any:
@@ -108,7 +119,7 @@ async def _first_write(nodes: list[Node], kill_at: float, tag: str, every: float
             i += 1
             try:
                 await asyncio.wait_for(done.wait(), every)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         for t in tasks:
             t.cancel()
@@ -130,6 +141,7 @@ def kill_loop(cluster: Cluster, a: argparse.Namespace, deadline: float) -> list[
         leader.kill9()
         res = asyncio.run(_first_write(survivors, kill_at, f"fo{k}"))
         res.update({"kill": k, "killed": leader.name, "term_before": term, "load": load()})
+        res["term_after_failover"] = max((t for n in survivors if (t := term_of(n)) is not None), default=None)
         t_restart = time.monotonic()
         leader.start()
         try:
@@ -137,6 +149,7 @@ def kill_loop(cluster: Cluster, a: argparse.Namespace, deadline: float) -> list[
         except AssertionError as exc:
             res["restart_error"] = str(exc)
         res["restart_caught_up_s"] = round(time.monotonic() - t_restart, 3)
+        res["term_after_restart"] = max((t for n in cluster.nodes if (t := term_of(n)) is not None), default=None)
         kills.append(res)
         print(f"  kill {k}: {leader.name} -> first write after {res.get('seconds', float('nan')):.3f} s "
               f"(via {res.get('via')}), node back and caught up in {res['restart_caught_up_s']} s, load {res['load']['1m']}",
@@ -182,6 +195,11 @@ def main() -> None:
         farm.stop()
     times = [k["seconds"] for k in doc["kills"] if "seconds" in k]
     doc["failover"] = {**summary(times), "kills": len(doc["kills"]), "no_write_within_bound": len(doc["kills"]) - len(times)}
+    ks = [k for k in doc["kills"] if k.get("term_after_failover") and k.get("term_after_restart")]
+    doc["elections"] = {
+        "per_failover": [k["term_after_failover"] - k["term_before"] for k in ks],
+        "caused_by_the_restarted_node": sum(k["term_after_restart"] - k["term_after_failover"] for k in ks),
+    }
     doc["elapsed_s"] = round(time.monotonic() - t_start, 1)
     f = doc["failover"]
     print()
@@ -191,12 +209,16 @@ def main() -> None:
         ["failover p90 s", _s(f["p90"]), ""],
         ["failover max s", _s(f["max"]), f"<= {GOAL_MAX:g}"],
         ["kills without a write in 30 s", f["no_write_within_bound"], "0"],
+        ["term increments per failover (median)", pct(doc["elections"]["per_failover"], 50), "1"],
+        ["term increments while the killed node rejoined", doc["elections"]["caused_by_the_restarted_node"], "0"],
+        ["restart to caught up s (median / max)",
+         f"{pct([k['restart_caught_up_s'] for k in doc['kills']], 50)} / {max((k['restart_caught_up_s'] for k in doc['kills']), default=None)}", ""],
         [f"term changes, {a.idle:g} s idle", doc["idle"]["term_changes"], "0"],
         [f"term changes, {a.load:g} s of write load", doc["write_load"]["terms"]["term_changes"], "0"],
         ["writes/s during that load", round(doc["write_load"]["rate"]), ""],
         ["load 1m (idle / write load / kills)",
          f"{doc['idle_load']['1m']} / {doc['write_load_load']['1m']} / "
-         f"{pct([k['load']['1m'] for k in doc['kills']], 50) if doc['kills'] else '-'}", ""],
+         f"{round(pct([k['load']['1m'] for k in doc['kills']], 50) or 0, 2) if doc['kills'] else '-'}", ""],
     ]))
     write_results("failover", doc)
 

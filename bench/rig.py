@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from tests.cluster.harness import ROOT, Cluster, Node, free_ports, http, wait_for
 
@@ -165,7 +166,10 @@ def ms(seconds: float | None, digits: int = 1) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
 
 
@@ -234,15 +238,17 @@ class CpuMeter:
         out["bench"] = cpu_seconds(os.getpid())
         return out
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         self._t0 = time.monotonic()
         self._start = self._sample()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         end, wall = self._sample(), time.monotonic() - self._t0
-        self.result = {"wall_s": round(wall, 3), "cpu_s": {
-            k: (round(end[k] - v, 3) if v is not None and end.get(k) is not None else None)  # type: ignore[operator]
-            for k, v in self._start.items()}}
-        used = [v for v in self.result["cpu_s"].values() if v is not None]
-        self.result["cores_used"] = round(sum(used) / wall, 2) if wall > 0 else None
+        used: dict[str, float | None] = {}
+        for k, v in self._start.items():
+            e = end.get(k)
+            used[k] = round(e - v, 3) if v is not None and e is not None else None
+        busy = [v for v in used.values() if v is not None]
+        self.result: dict[str, Any] = {"wall_s": round(wall, 3), "cpu_s": used,
+                                       "cores_used": round(sum(busy) / wall, 2) if wall > 0 else None}

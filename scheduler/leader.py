@@ -78,7 +78,7 @@ class LeaderLoop:
         now = self.svc.now_us()
         for name in list(self.state.jobs):
             heapq.heappush(self._heap, (now, name))
-        while self.svc.node.is_leader():
+        while self.svc.node.is_leader() and self.svc.node.status().term == term:
             try:
                 await self._tick(led_since)
                 self.ticks += 1
@@ -88,7 +88,7 @@ class LeaderLoop:
                     break
                 await asyncio.sleep(self.cfg.tick)
             await self._sleep()
-        log.info("leader loop stopped: this node no longer leads")
+        log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
 
     async def _barrier(self) -> int | None:
         while self.svc.node.is_leader():

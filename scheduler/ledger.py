@@ -75,6 +75,8 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
             fanned.add((c.job, c.slot_us))
         created.append(run)
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
+    for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
+        _trim(state, job)
     for s in cmd.summaries:
         _summarise(state, s, cmd.at_us)
     _alert_missed(state, created, cmd)
@@ -293,7 +295,9 @@ def cancel(state: State, cmd: CancelRun) -> Any:
         return Rejected("not_found", f"no run with id {cmd.run_id!r}")
     if not _cancel_one(state, cmd.run_id, cmd.at_us, cmd.reason):
         return Rejected("conflict", f"run {cmd.run_id} is {run['status']}; only claimed, running or retrying runs can be cancelled")
-    return {"cancelled": state.runs[cmd.run_id]}
+    new = state.runs[cmd.run_id]
+    _trim(state, new["job"])
+    return {"cancelled": new}
 
 
 def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
@@ -302,8 +306,7 @@ def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
         return False
     state.active.pop(rid, None)
     state.runs[rid] = {**run, "status": "cancelled", "error": reason, "finished_us": at_us, "lease_us": None}
-    _trim(state, run["job"])
-    return True
+    return True  # the caller trims history once it no longer needs the record
 
 
 def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:

@@ -9,8 +9,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -105,7 +106,7 @@ def e2e_image(e2e_prerequisites: None, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
-    outcome = yield
+    outcome: Any = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
 

@@ -22,9 +22,10 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -94,6 +95,10 @@ def ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 # ---- the cluster ---------------------------------------------------------------------------
 
 class ComposeCluster:
@@ -102,7 +107,7 @@ class ComposeCluster:
     def __init__(self, workdir: Path, image: str) -> None:
         self.project = f"raftcron-e2e-{secrets.token_hex(4)}"
         self.image = image
-        self.ports = dict(zip(NODES, free_ports(len(NODES))))
+        self.ports = dict(zip(NODES, free_ports(len(NODES)), strict=False))
         self.file = workdir / "docker-compose.e2e.yml"
         self.cmd = compose_command() or ["docker-compose"]
         # A fresh secret per run, through the environment only. Compose reads .env from the
@@ -112,10 +117,11 @@ class ComposeCluster:
         self.env.update(RAFTCRON_IMAGE=image, RAFTCRON_SECRET=secrets.token_hex(32))
         self.file.write_text(yaml.safe_dump(self._compose_doc(), sort_keys=False))
         self._ids: dict[str, str] = {}
+        self.volumes: set[str] = set()  # every volume our containers mounted, anonymous ones too
 
     def _compose_doc(self) -> dict[str, Any]:
         with open(ROOT / "docker-compose.yml") as f:
-            doc = yaml.safe_load(f)  # resolves the file's anchors and `<<` merges
+            doc: dict[str, Any] = yaml.safe_load(f)  # resolves the file's anchors and `<<` merges
         doc = {k: v for k, v in doc.items() if not k.startswith("x-")}
         doc = json.loads(json.dumps(doc))  # no shared sub-objects: safe_dump would emit aliases
         services = doc["services"]
@@ -133,6 +139,9 @@ class ComposeCluster:
             "working_dir": "/opt/e2e",
             "environment": {"SINK_PORT": str(SINK_PORT)},
             "volumes": [f"{ROOT / 'tests' / 'e2e' / 'sink'}:/opt/e2e/sink:ro"],
+            # The image declares VOLUME /var/lib/raftcron: without a mount there, every sink
+            # container would get an anonymous volume that `down` (without -v) leaves behind.
+            "tmpfs": ["/var/lib/raftcron"],
             "networks": copy.deepcopy(first["networks"]),
             "healthcheck": {
                 "test": ["CMD", "python3", "-c",
@@ -151,6 +160,8 @@ class ComposeCluster:
     def up(self) -> None:
         self._ids.clear()
         self.compose("up", "-d", "--no-build")
+        for service in (*NODES, "sink"):
+            self.volumes |= {m["Name"] for m in self.inspect(service)["Mounts"] if m.get("Type") == "volume"}
 
     def container(self, service: str) -> str:
         if service not in self._ids:
@@ -161,19 +172,24 @@ class ComposeCluster:
 
     def inspect(self, service: str) -> dict[str, Any]:
         out = run(["docker", "inspect", self.container(service)], 30, f"docker inspect {service}").stdout
-        return json.loads(out)[0]  # type: ignore[no-any-return]
+        info: dict[str, Any] = json.loads(out)[0]
+        return info
 
     def network(self) -> str:
         nets = list(self.inspect("sink")["NetworkSettings"]["Networks"])
         assert len(nets) == 1, f"the sink should be on the cluster network only: {nets}"
-        return nets[0]
+        return str(nets[0])
 
     def ip(self, service: str) -> str | None:
         net = self.inspect(service)["NetworkSettings"]["Networks"].get(self.network())
         return net["IPAddress"] if net else None
 
-    def logs(self, tail: int = 200) -> str:
-        return self.compose("logs", "--no-color", f"--tail={tail}", timeout=60, check=False)
+    def logs(self, tail: int | str = 200) -> str:
+        return self.compose("logs", "--no-color", "--timestamps", f"--tail={tail}", timeout=60, check=False)
+
+    def save_logs(self, name: str) -> None:
+        """All of the containers' logs into the test's tmp folder (kept by pytest for a few runs)."""
+        (self.file.parent / f"{name}.log").write_text(self.logs("all"))
 
     # the API, from the host through the published ports
     def url(self, node: str) -> str:
@@ -195,16 +211,16 @@ class ComposeCluster:
         if len(leaders) != 1:
             return None
         leader = leaders.pop()
-        if leader not in among:
+        if not isinstance(leader, str) or leader not in among:
             return None
         members = {m["node_id"]: m for m in views[leader]["members"]}
         if not set(NODES) <= set(members) or not all(members[n]["reachable"] for n in among):
             return None
-        return leader  # type: ignore[no-any-return]
+        return leader
 
     def wait_healthy(self, what: str, among: tuple[str, ...] | list[str] = NODES, timeout: float = 90.0) -> str:
-        return wait_for(f"{what}: /v1/health on {', '.join(among)} and one leader they agree on, "
-                        f"with {', '.join(NODES)} registered", lambda: self.agreed_leader(among), timeout)
+        return str(wait_for(f"{what}: /v1/health on {', '.join(among)} and one leader they agree on, "
+                        f"with {', '.join(NODES)} registered", lambda: self.agreed_leader(among), timeout))
 
     def runs(self, node: str, job: str = JOB) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -217,6 +233,35 @@ class ComposeCluster:
             if not cursor:
                 return items
         raise AssertionError("the runs of {job} did not end after 1000 pages")
+
+    def latest_decision(self) -> tuple[float | None, str]:
+        """The latest slot the ledger holds a schedule/catchup decision for, and what the
+        nodes say about leadership (for the message when scheduling stalls)."""
+        views = []
+        for n in NODES:
+            try:
+                v = self.get(n, "/v1/cluster", timeout=2)
+                views.append(f"{n}: {v.get('state')} term {v.get('term')} leader "
+                             f"{(v.get('leader') or {}).get('node_id')} commit {v.get('commit_index')}")
+            except Exception as exc:  # noqa: BLE001 - a node may be down
+                views.append(f"{n}: {exc}")
+        leader = self.agreed_leader() or NODES[0]
+        slots = [ts(r["slot"]) for r in decisions(self.runs(leader))]
+        return (max(slots) if slots else None), "; ".join(views)
+
+    def wait_scheduling(self, what: str, until: float, timeout: float) -> None:
+        """Wait until a slot at or after `until` (epoch seconds) is decided."""
+        def check() -> bool:
+            latest, _ = self.latest_decision()
+            return latest is not None and latest >= until
+
+        try:
+            wait_for(what, check, timeout, interval=0.5)
+        except AssertionError as exc:
+            latest, views = self.latest_decision()
+            raise AssertionError(
+                f"{exc}\nthe cluster stopped scheduling: latest decided slot "
+                f"{iso(latest) if latest else None}, {time.time() - (latest or 0):.0f}s ago; {views}") from None
 
     def deliveries(self) -> list[dict[str, Any]]:
         """What the sink recorded, from its stdout (`docker logs`), headers lower-cased."""
@@ -242,6 +287,7 @@ def cluster(e2e_image: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
         yield c
     finally:
         failed = any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+        c.save_logs("compose-at-teardown")
         if failed:
             print(f"===== compose logs of {c.project} =====\n{c.logs(300)}")
         c.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=180, check=False)
@@ -255,6 +301,11 @@ def cluster(e2e_image: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
                 run(["docker", kind, "rm", *(["-f"] if kind == "container" else []), obj], 60,
                     f"remove {kind} {obj}", check=False)
             assert not left or failed, f"`down -v` left {kind}s of {c.project}: {left}"
+        existing = set(run(["docker", "volume", "ls", "-q"], 30, "list volumes").stdout.split())
+        left = sorted(c.volumes & existing)
+        for vol in left:
+            run(["docker", "volume", "rm", vol], 60, f"remove volume {vol}", check=False)
+        assert not left or failed, f"`down -v` left volumes our containers had mounted: {left}"
 
 
 # ---- the ledger checks (as tests/cluster/test_scheduling.py) --------------------------------
@@ -269,7 +320,7 @@ def assert_one_decision_per_slot(runs: list[dict[str, Any]], period: float = 1.0
     assert not doubled, f"slots decided more than once: {doubled}"
     slots = sorted(ts(s) for s in per_slot)
     assert slots, "no slot decided at all"
-    gaps = [(a, b) for a, b in zip(slots, slots[1:]) if abs((b - a) - period) > 0.001]
+    gaps = [(a, b) for a, b in zip(slots, slots[1:], strict=False) if abs((b - a) - period) > 0.001]
     assert not gaps, f"slots missing between decided ones (first gaps): {gaps[:5]}"
     return slots
 
@@ -339,6 +390,7 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
     new_leader = c.wait_healthy(f"a new leader among {survivors} after killing {leader}", survivors, timeout=30)
     TIMINGS[f"failover ({leader} killed -> {new_leader} agreed leader)"] = time.monotonic() - t_kill
     assert new_leader != leader
+    assert not c.inspect(leader)["State"]["Running"], f"{leader} was restarted by docker after `docker kill`"
     time.sleep(4)  # deliberate: the new leader schedules alone for a while
     run(["docker", "start", c.container(leader)], 60, f"docker start {leader}")
     t0 = time.monotonic()
@@ -352,8 +404,12 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
     aliases = [a for a in (endpoint.get("Aliases") or []) if a]
     ip_before = endpoint["IPAddress"]
     run(["docker", "network", "disconnect", net, c.container(follower)], 60, f"disconnect {follower}")
+    t0 = time.monotonic()
     try:
-        time.sleep(5)  # deliberate: the partition
+        wait_for(f"the leader {leader} to see {follower} unreachable", lambda: not next(
+            m for m in c.get(leader, "/v1/cluster", timeout=2)["members"] if m["node_id"] == follower)["reachable"], 5)
+        TIMINGS[f"partition: disconnect to {follower} unreachable at the leader"] = time.monotonic() - t0
+        time.sleep(max(0.0, 5 - (time.monotonic() - t0)))  # deliberate: the partition lasts 5 s
     finally:
         run(["docker", "network", "connect", *[f"--alias={a}" for a in aliases], net, c.container(follower)], 60,
             f"reconnect {follower} to {net}")
@@ -361,31 +417,32 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
     ip_after = c.ip(follower)
     leader = c.wait_healthy(f"{follower} rejoined after the partition (IP {ip_before} -> {ip_after})", timeout=60)
     TIMINGS[f"partitioned follower back: reconnect to healthy (IP {ip_before} -> {ip_after})"] = time.monotonic() - t0
+    healed = time.time()
+    # The cluster keeps scheduling: the leader decides slots about 2 s ahead, so a slot 3 s
+    # after the reconnect is decided within a few seconds when all is well.
+    c.wait_scheduling(f"a slot decided after the partition healed (>= reconnect + 3 s, {iso(healed + 3)})",
+                      healed + 3, timeout=20)
     time.sleep(3)  # deliberate: let it run after the partition
 
     # 7. the ledger and the sink
     end = time.time() - 1.0  # slots up to here must be decided and delivered
+    c.wait_scheduling(f"slots decided up to the end of the observed window ({iso(end)})", end, timeout=20)
 
-    def window_complete() -> Any:
-        runs = c.runs(leader)
-        slots = sorted(ts(r["slot"]) for r in decisions(runs))
-        if not slots or slots[-1] < end:
-            return None
+    def undelivered() -> list[str]:
+        runs = c.runs(c.agreed_leader() or leader)
         keys = {d["headers"].get("idempotency-key") for d in c.deliveries()}
         window = [r for r in decisions(runs) if t_kill_wall - 1 <= ts(r["slot"]) <= end]
-        missing = sorted(r["slot"] for r in window if f"{JOB}@{r['slot']}" not in keys)
-        return (runs, window) if not missing else ("missing", missing[:10], len(missing))
-
-    def complete() -> Any:
-        got = window_complete()
-        return got if got and got[0] != "missing" else None
+        return sorted(r["slot"] for r in window if f"{JOB}@{r['slot']}" not in keys)
 
     try:
-        _, window = wait_for(f"every slot from the kill to {end:.0f} decided and delivered to the sink", complete, 45)
+        wait_for(f"every slot from the kill ({iso(t_kill_wall)}) to {iso(end)} delivered to the sink",
+                 lambda: not undelivered(), 45)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nlast check: {window_complete()!r:.2000}") from None
+        missing = undelivered()
+        raise AssertionError(f"{exc}\n{len(missing)} slot(s) never reached the sink: {missing[:10]}") from None
     delivered = c.deliveries()
     runs = c.runs(leader)
+    window = [r for r in decisions(runs) if t_kill_wall - 1 <= ts(r["slot"]) <= end]
     slots = assert_one_decision_per_slot(runs)
     assert slots[0] <= t_kill_wall - 3, "the ledger should hold slots from before the kill"
     assert len(window) >= int(end - t_kill_wall) - 1, (len(window), end - t_kill_wall)
@@ -396,6 +453,7 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
 
     # 8. down (keeping the volumes) and up again: the job and the ledger are still there
     before = {r["id"] for r in runs}
+    c.save_logs("compose-before-down")
     c.compose("down", "-t", "10", timeout=180)
     t0 = time.monotonic()
     c.up()
@@ -404,8 +462,12 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
     status, body = http("GET", f"{c.url(leader)}/v1/jobs/{JOB}")
     assert status == 200 and body["name"] == JOB, f"GET /v1/jobs/{JOB} after the restart: {status} {body}"
     t_up_wall = time.time()
-    after = wait_for("a slot decided after the restart", lambda: (
-        r if any(ts(x["slot"]) >= t_up_wall for x in decisions(r := c.runs(leader))) else None), 30)
+
+    def runs_after_restart() -> list[dict[str, Any]] | None:
+        r = c.runs(leader)
+        return r if any(ts(x["slot"]) >= t_up_wall for x in decisions(r)) else None
+
+    after = wait_for("a slot decided after the restart", runs_after_restart, 30)
     ids = {r["id"] for r in after}
     assert len(after) >= len(runs), f"{len(after)} runs after the restart, {len(runs)} before"
     assert before <= ids, f"runs gone after the restart: {sorted(before - ids)[:10]}"

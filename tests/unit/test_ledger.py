@@ -646,3 +646,14 @@ def test_lowering_history_keep_trims_at_once(h: Any) -> None:
     h.put("ping", at_us=slot(6), history={"keep": 2})
     assert h.state.job_runs["ping"] == done[-2:]
     assert all(rid not in h.state.runs for rid in done[:-2])
+
+
+def test_cancelling_a_run_that_history_then_trims_still_answers_it(h: Any) -> None:
+    h.put("ping", history={"keep": 2})
+    first, *_ = [h.claim_one("ping", slot(n)) for n in range(1, 4)]  # three live attempts, keep 2
+    out = h.ok(CancelRun(at_us=slot(1), run_id=first["id"]))
+    assert out["cancelled"]["id"] == first["id"] and out["cancelled"]["status"] == "cancelled"
+    assert first["id"] not in h.state.runs and len(h.state.job_runs["ping"]) == 2
+    second = h.state.job_runs["ping"][0]
+    replaced = h.claim(sched("ping", 4), cancel=(second,))
+    assert replaced["cancelled"] == [second] and second not in h.state.runs

@@ -35,6 +35,7 @@ class MemoryNode:
         self.state = state
         self.index = 0
         self.leading = True
+        self.term = 1
         self.config = NodeConfig(raft_addr="mem:1", peers=(), data_dir=Path("/nonexistent"), secret="x")
         self.hooks: list[Callable[[Applied], None]] = []
 
@@ -57,7 +58,7 @@ class MemoryNode:
 
     def status(self) -> NodeStatus:
         return NodeStatus(raft_addr="mem:1", state="leader" if self.leading else "follower",
-                          leader=self.leader(), term=1, commit_index=self.index, applied_index=self.index,
+                          leader=self.leader(), term=self.term, commit_index=self.index, applied_index=self.index,
                           has_quorum=True, raft_thread_alive=True)
 
 
@@ -213,5 +214,19 @@ async def test_leaderless_gap_is_caught_up_or_missed_by_policy() -> None:
         for runs in by_job.values():
             slots = [s for s, _, _ in runs]
             assert len(slots) == len(set(slots)), "one decision per slot"
+    finally:
+        await sim.close()
+
+
+async def test_leader_loop_ends_with_its_term_even_when_this_node_wins_again() -> None:
+    """A step-down and re-election faster than anyone polls must still end the old loop,
+    so the next term starts with its own barrier instead of a loop nobody restarts."""
+    sim = await _sim(datetime(2026, 6, 1, 0, 0, 0, tzinfo=UTC))
+    try:
+        await sim.step(1.0)
+        assert not sim.task.done()
+        sim.node.term = 2  # re-elected: still leading, in a new term
+        await asyncio.wait_for(asyncio.shield(sim.task), 2)
+        assert sim.task.done() and sim.task.exception() is None
     finally:
         await sim.close()
