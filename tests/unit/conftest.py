@@ -5,19 +5,28 @@ Everything is pure: commands carry fixed ``at_us`` values, nothing reads a clock
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from raftlog.fsm import ApplyContext
 from scheduler.commands import (
-    Claim, ClaimSlots, Command, FinishRuns, PutJob, RegisterNode, Rejected, StartRuns, encode_command,
+    Claim,
+    ClaimSlots,
+    Command,
+    FinishRuns,
+    PutJob,
+    RegisterNode,
+    Rejected,
+    StartRuns,
+    encode_command,
 )
 from scheduler.planner import us
 from scheduler.state import Applied, State
 
-T0 = us(datetime(2026, 1, 1, tzinfo=timezone.utc))
+T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 """A fixed instant on a minute boundary: the tests' "now" is always derived from it."""
 MIN = 60_000_000
 SEC = 1_000_000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
@@ -10,12 +10,30 @@ import pytest
 
 from raftlog.codec import CodecError, encode, pack
 from scheduler.commands import (
-    COMMANDS, AlertResults, CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop,
-    PauseJob, PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, decode_command, encode_command,
+    COMMANDS,
+    AlertResults,
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    Command,
+    DeleteDeadLetter,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    Noop,
+    PauseJob,
+    PutJob,
+    RegisterNode,
+    Rejected,
+    RenewLeases,
+    ReportLost,
+    StartRuns,
+    decode_command,
+    encode_command,
 )
 from scheduler.planner import us
 
-T0 = us(datetime(2026, 1, 1, tzinfo=timezone.utc))
+T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 SPEC = {"name": "ping", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://example.test/hook"}}
 
 SAMPLES: dict[str, Command] = {
@@ -31,7 +49,7 @@ SAMPLES: dict[str, Command] = {
         claims=(
             Claim(job="ping", slot_us=T0 + 60_000_000, trigger="schedule", node="n2"),
             Claim(job="ping", slot_us=T0, trigger="retry", status="claimed", node="n3", attempt=2,
-                  reason=None, retry_of="r10000", cause=None),
+                  reason=None, retry_of="r10000", cause=None, not_before_us=T0 + 10_000_000),
             Claim(job="other", slot_us=T0, trigger="dependency", status="failed", reason="no live node",
                   cause="r20001"),
         ),

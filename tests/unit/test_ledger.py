@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from scheduler.commands import (
-    CancelRun, Claim, DeleteDeadLetter, ExpireRuns, FinishRuns, PauseJob, RenewLeases, ReportLost,
+    CancelRun,
+    Claim,
+    DeleteDeadLetter,
+    ExpireRuns,
+    FinishRuns,
+    PauseJob,
+    RenewLeases,
+    ReportLost,
 )
 from scheduler.ledger import LOSS_ATTEMPTS, OUTPUT_CAP, run_id_of, token_of
 from scheduler.planner import us
 
-T0 = us(datetime(2026, 1, 1, tzinfo=timezone.utc))
+T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 MIN = 60_000_000
 SEC = 1_000_000
 

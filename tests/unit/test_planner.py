@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,12 +11,21 @@ from raftlog.fsm import ApplyContext
 from scheduler.commands import ClaimSlots, PutJob, RegisterNode, encode_command
 from scheduler.model import Job, parse_job
 from scheduler.planner import (
-    JobPlan, NodeInfo, PlanConfig, Picker, dependency_claims, due_retries, expired_runs, from_us, next_slot_us,
-    plan_job, us,
+    JobPlan,
+    NodeInfo,
+    Picker,
+    PlanConfig,
+    dependency_claims,
+    due_retries,
+    expired_runs,
+    from_us,
+    next_slot_us,
+    plan_job,
+    us,
 )
 from scheduler.state import Applied, State
 
-UTC = timezone.utc
+UTC = UTC
 CFG = PlanConfig()  # horizon 2s, late grace 2s, 50 records, start deadline 10s, lease grace 2s
 SEC = 1_000_000
 MIN = 60 * SEC
@@ -283,6 +292,18 @@ def test_due_retries_prefer_another_node() -> None:
         ("r1", "n2", 2, "retry", t(11, 59), "claimed"),
         ("r2", "n1", 2, "retry", t(11, 59), "claimed"),
     ]
+
+
+def test_due_retries_are_claimed_ahead_to_fire_at_their_backoff_instant() -> None:
+    jobs = {"ping": make_job(retries={"max": 3})}
+    runs = [_waiting("r1", "retrying", t(12, 0, 31)), _waiting("r2", "retrying", t(12, 0, 33))]
+    claims = due_retries(runs, jobs, t(12, 0, 30), picker(), horizon_us=2 * SEC)
+    assert [(c.retry_of, c.not_before_us, c.slot_us) for c in claims] == [("r1", t(12, 0, 31), t(11, 59))]
+    # Its start deadline runs from that instant, not from the old slot.
+    claimed = running("r1", status="claimed", slot_us=t(11, 59), claimed_us=t(12, 0, 30),
+                      not_before_us=t(12, 0, 31))
+    assert expired_runs([claimed], t(12, 0, 41), CFG) == []
+    assert expired_runs([claimed], t(12, 0, 41) + 1, CFG) == ["r1"]
 
 
 def test_due_retry_stays_on_the_same_node_when_it_is_the_only_one() -> None:

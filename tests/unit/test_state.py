@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -10,13 +10,27 @@ import pytest
 from raftlog.codec import CodecError, pack
 from raftlog.fsm import ApplyContext
 from scheduler.commands import (
-    CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, Noop, PauseJob,
-    PutJob, RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, encode_command,
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    Command,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    Noop,
+    PauseJob,
+    PutJob,
+    RegisterNode,
+    Rejected,
+    RenewLeases,
+    ReportLost,
+    StartRuns,
+    encode_command,
 )
 from scheduler.planner import us
 from scheduler.state import SNAPSHOT_VERSION, Applied, State
 
-T0 = us(datetime(2026, 1, 1, tzinfo=timezone.utc))
+T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 MIN = 60_000_000
 SEC = 1_000_000
 

@@ -9,7 +9,7 @@ a second replica, and, from a snapshot taken half way, to a third.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -18,14 +18,28 @@ from hypothesis import strategies as st
 from raftlog.codec import encode
 from raftlog.fsm import ApplyContext
 from scheduler.commands import (
-    CancelRun, Claim, ClaimSlots, Command, DeleteDeadLetter, DeleteJob, ExpireRuns, FinishRuns, PauseJob, PutJob,
-    RegisterNode, Rejected, RenewLeases, ReportLost, StartRuns, encode_command,
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    Command,
+    DeleteDeadLetter,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    PauseJob,
+    PutJob,
+    RegisterNode,
+    Rejected,
+    RenewLeases,
+    ReportLost,
+    StartRuns,
+    encode_command,
 )
 from scheduler.ledger import ACTIVE, MAX_CLAIMS_PER_ENTRY
 from scheduler.planner import us
 from scheduler.state import State
 
-T0 = us(datetime(2026, 1, 1, tzinfo=timezone.utc))
+T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 SEC = 1_000_000
 MIN = 60 * SEC
 NAMES = ("a", "b", "c")
@@ -191,8 +205,9 @@ class Driver:
         cause = f"req-{k % 3}" if trigger == "manual" else None
         rec = self.state.jobs.get(job)
         last = rec["last_slot_us"] if rec is not None and rec["last_slot_us"] is not None else T0
-        return Claim(job=job, slot_us=last + offset * MIN, trigger=trigger, status=status, node=node_or_none,
-                     cause=cause)
+        # Slots sit on minute boundaries, as a cron job's do, whatever instant the job was last reset to.
+        return Claim(job=job, slot_us=T0 + ((last - T0) // MIN + offset) * MIN, trigger=trigger, status=status,
+                     node=node_or_none, cause=cause)
 
 
 def check_invariants(s: State) -> None:
