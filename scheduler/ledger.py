@@ -54,7 +54,7 @@ def run_id_of(token: int) -> str:
 def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     created: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
-    fanned: set[tuple[str, int]] = set()  # target.count > 1: one slot, several nodes, one entry
+    fanned: set[tuple[str, Any]] = set()  # target.count > 1: one slot (or request), several nodes, one entry
     for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
         why = _admissible(state, c, fanned)
         if why is not None:
@@ -73,6 +73,8 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         _record(state, run, c)
         if c.trigger in SCHEDULED:
             fanned.add((c.job, c.slot_us))
+        elif c.trigger == "manual" and c.cause:
+            fanned.add(("manual", c.cause))
         created.append(run)
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
     for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
@@ -98,10 +100,15 @@ def _alert_missed(state: State, created: list[dict[str, Any]], cmd: ClaimSlots) 
         alerts.on_missed(state, job, n, lo, hi, cmd.at_us)
 
 
-def _admissible(state: State, c: Claim, fanned: set[tuple[str, int]]) -> str | None:
+CLAIM_STATUSES = frozenset({"claimed", "skipped", "missed", "failed"})
+
+
+def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | None:
     rec = state.jobs.get(c.job)
     if rec is None:
         return "no such job"
+    if c.status not in CLAIM_STATUSES:
+        return f"a claim cannot record status {c.status!r}"
     if c.status == "claimed" and c.node not in state.nodes:
         return f"unknown node {c.node!r}"
     if c.trigger in SCHEDULED:
@@ -119,6 +126,10 @@ def _admissible(state: State, c: Claim, fanned: set[tuple[str, int]]) -> str | N
             return f"run {prev['id']} is not a dead letter"
         return None
     if c.trigger == "manual":
+        if not c.cause:
+            return "a manual run needs a request key"
+        if ("manual", c.cause) in fanned:
+            return None  # target.count > 1: the same request fanned out in this entry
         if any(state.runs[r]["cause"] == c.cause for r in state.job_runs.get(c.job, ())):
             return "this manual request was already recorded"
         return None
@@ -282,11 +293,23 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
                 new["error"] = f"{reason}; gave up after {run['attempt']} attempts"
                 state.dead[rid] = None
         state.runs[rid] = new
-        if new["status"] == "dead":
-            alerts.on_dead(state, new, at_us)
+        if rid not in state.active:
+            _final_loss(state, new, at_us)
         _trim(state, run["job"])
         lost.append(new)
     return {"lost": lost}
+
+
+def _final_loss(state: State, run: dict[str, Any], at_us: int) -> None:
+    """A loss nobody retries ends the slot as a failure: counted, alerted, dependents told."""
+    rec = state.jobs.get(run["job"])
+    if rec is None:
+        return
+    rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
+    state.jobs[run["job"]] = alerts.on_finished(state, run, rec, at_us)
+    if run["status"] == "dead":
+        alerts.on_dead(state, run, at_us)
+    _trigger_dependents(state, run)
 
 
 def cancel(state: State, cmd: CancelRun) -> Any:

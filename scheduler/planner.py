@@ -147,10 +147,15 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
         run_late = []
         _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
     busy = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
-    for s in run_late:
-        _dispatch(plan, job, s, "catchup", busy, picker)
-    for s in timely:
-        _dispatch(plan, job, s, "schedule", busy, picker)
+    due = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
+    if str(job.concurrency) == "replace" and len(due) > 1:
+        # Several slots due at once would replace each other in the same instant: run the newest.
+        for s, trigger in due[:-1]:
+            plan.claims.append(Claim(job=job.name, slot_us=s, trigger=trigger, status="skipped",
+                                     reason="concurrency replace: a newer slot due at the same time replaces it"))
+        due = due[-1:]
+    for s, trigger in due:
+        _dispatch(plan, job, s, trigger, busy, picker)
     return plan
 
 
@@ -161,7 +166,7 @@ def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[
                                  reason=f"concurrency forbid: run {busy[0]['id']} is still {busy[0]['status']}"))
         return
     if busy and mode == "replace":
-        plan.cancel.extend(r["id"] for r in busy if r["id"] not in plan.cancel)
+        plan.cancel.extend(r["id"] for r in busy if r["id"] not in plan.cancel and r["id"] != _THIS_TICK)
     nodes, why = picker.pick(job, count=job.target.count)
     if not nodes:
         plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, status="failed", reason=why))
@@ -169,7 +174,10 @@ def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[
     for n in nodes:
         plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, node=n))
     if mode != "allow":
-        busy.append({"id": "(this tick)", "status": "claimed"})
+        busy.append({"id": _THIS_TICK, "status": "claimed"})
+
+
+_THIS_TICK = "(claimed in this decision)"
 
 
 def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str, reason: str,

@@ -664,3 +664,45 @@ def test_cancelling_a_run_that_history_then_trims_still_answers_it(h: Any) -> No
     second = h.state.job_runs["ping"][0]
     replaced = h.claim(sched("ping", 4), cancel=(second,))
     assert replaced["cancelled"] == [second] and second not in h.state.runs
+
+
+def test_manual_fan_out_runs_one_request_on_several_nodes(h: Any) -> None:
+    h.put("ping", schedule="@manually", target={"count": 2})
+    out = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", cause="req-9"),
+                  Claim(job="ping", slot_us=T0, trigger="manual", node="n2", cause="req-9"))
+    assert [r["node"] for r in out["runs"]] == ["n1", "n2"]
+    again = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", cause="req-9"))
+    assert again["runs"] == [] and again["refused"][0]["reason"] == "this manual request was already recorded"
+
+
+def test_a_manual_claim_without_a_request_key_is_refused(h: Any) -> None:
+    h.put("ping")
+    h.claim_one("ping", slot(1))  # a scheduled run has no cause either
+    out = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1"))
+    assert out["refused"][0]["reason"] == "a manual run needs a request key"
+
+
+def test_a_claim_cannot_record_any_status(h: Any) -> None:
+    h.put("ping")
+    out = h.claim(Claim(job="ping", slot_us=slot(1), trigger="schedule", status="dead"))
+    assert out["runs"] == [] and "cannot record status 'dead'" in out["refused"][0]["reason"]
+    assert h.state.dead == {}
+
+
+@pytest.mark.parametrize("delivery", ["at-most-once", "at-least-once"])
+def test_a_final_loss_counts_as_a_failure_and_tells_dependents(h: Any, delivery: str) -> None:
+    h.put("extract", delivery=delivery, alerts={"on": ["failure"]})
+    h.put("load", schedule=None, depends_on={"job": "extract", "on": "failure"})
+    run = h.claim_one("extract", slot(1))
+    at = slot(1) + 20 * SEC
+    for attempt in range(1, 6 if delivery == "at-least-once" else 2):
+        h.ok(ExpireRuns(at_us=at, leader="n1", term=2, runs=(run["id"],)))
+        lost = h.run(run["id"])
+        if lost["id"] not in h.state.active:
+            break
+        run = h.claim_one("extract", slot(1), trigger="retry", attempt=attempt + 1, retry_of=run["id"], at_us=at)
+    final = h.run(run["id"])
+    assert final["status"] == ("lost" if delivery == "at-most-once" else "dead")
+    assert h.state.jobs["extract"]["consecutive_failures"] == 1
+    assert [d["job"] for d in h.state.pending_deps.values()] == ["load"]
+    assert [a["event"] for a in h.state.alerts.values()] == ["failure"]

@@ -380,3 +380,12 @@ def test_dst_days_in_berlin_walked_by_plan_job(day: datetime, after: datetime, e
         if q.claims:
             last = q.claims[-1].slot_us
     assert [from_us(s) for s in found] == expect
+
+
+def test_replace_with_several_due_slots_runs_only_the_newest() -> None:
+    job = make_job(concurrency="replace", catchup={"policy": "all", "window": "1h"})
+    p = plan(job, t(12, 0), t(12, 5), active=[running("r7f")])
+    assert decided(p)[-1] == ("12:05:00", "schedule", "claimed", "n1")
+    assert [d[2] for d in decided(p)[:-1]] == ["skipped"] * 4
+    assert all("replaces it" in (c.reason or "") for c in p.claims[:-1])
+    assert p.cancel == ["r7f"], "only real runs are cancelled"
