@@ -21,6 +21,7 @@ know them:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -49,17 +50,24 @@ class MissingSecret(ValueError):
 
 
 class _DurableJournal(FileJournal):  # type: ignore[misc]
-    """A FileJournal that msyncs every appended record before pysyncobj goes on.
+    """A FileJournal that syncs every appended record before pysyncobj goes on.
 
     pysyncobj writes the journal through an mmap and never syncs it, so an
-    acknowledged entry could vanish with a power loss on a majority. Flushing
-    in ``add`` puts the sync before the follower's AppendEntries answer and
-    before the leader counts its own copy.
+    acknowledged entry could vanish with a power loss on a majority. Syncing
+    in ``add`` puts it before the follower's AppendEntries answer and before
+    the leader counts its own copy. ``fdatasync`` on the file (Linux writes a
+    shared mapping's dirty pages with it) rather than pysyncobj's ``flush``:
+    that is ``mmap.flush``, an msync of the whole mapping that holds the GIL
+    and so froze the event loop for every entry.
     """
+
+    def __init__(self, journal_file: str) -> None:
+        super().__init__(journal_file)
+        self._rc_fd = self._FileJournal__journalFile._ResizableFile__f.fileno()
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        self.flush()
+        os.fdatasync(self._rc_fd)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +86,7 @@ class NodeConfig:
     fsync: bool = True
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
+    keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +162,7 @@ class RaftNode:
         self._last_state = "follower"
         self._last_leader: str | None = None
         self._cached: NodeStatus | None = None
+        self._last_keepalive = 0.0
         self._status_lock = threading.Lock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -321,6 +331,7 @@ class RaftNode:
         host = self._host
         if host is None:
             return
+        self._keepalive(host)
         st = host.getStatus()
         state = _STATES.get(st["state"], "unknown")
         leader = None if st["leader"] is None else str(st["leader"].id)
@@ -357,6 +368,27 @@ class RaftNode:
         )
         with self._status_lock:
             self._cached = status
+
+    def _keepalive(self, host: _Host) -> None:
+        """Keep every link read from, follower-to-follower ones included.
+
+        pysyncobj closes a connection when it *sends* on it and has read nothing
+        for ``connectionTimeout``. Links between followers carry no traffic, so
+        after a leader died the first vote request a survivor sent closed that
+        link instead of reaching its peer, and every failover cost a second
+        election round. A small message pysyncobj ignores (no handler matches
+        its type) keeps the links alive.
+        """
+        now = time.monotonic()
+        if now - self._last_keepalive < self.config.keepalive:
+            return
+        self._last_keepalive = now
+        transport = host._SyncObj__transport
+        for node in host.otherNodes:
+            try:
+                transport.send(node, {"type": "rc_keepalive"})
+            except Exception:  # noqa: BLE001 - best effort; the next round tries again
+                log.debug("keepalive to %s failed", node, exc_info=True)
 
     def _log_transition(self, state: str, leader: str | None, term: int) -> None:
         if state == "leader":

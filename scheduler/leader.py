@@ -152,7 +152,7 @@ class LeaderLoop:
             if due is not None:
                 heapq.heappush(self._heap, (due, name))
         if self.clock.monotonic() - led_since >= self.cfg.lease:
-            expired = expired_runs(active, now, self.cfg.plan)
+            expired = expired_runs(active, now, self.cfg.plan, live)
             if expired:
                 log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
                 await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id,

@@ -265,7 +265,7 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int
 
 def _trigger_dependents(state: State, run: dict[str, Any]) -> None:
     ok = run["status"] == "succeeded"
-    for name in state.jobs:
+    for name in state.dependents_of(run["job"]):
         job = state.job(name)
         dep = job.depends_on if job is not None else None
         if dep is None or dep.job != run["job"]:

@@ -219,17 +219,27 @@ def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, p
     return claims
 
 
-def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig) -> list[str]:
-    """Invariant 4: a lease lapsed by the leader's clock plus a grace, or a claim never started."""
+def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig,
+                 live: set[str] | None = None) -> list[str]:
+    """Invariant 4: a lease lapsed by the leader's clock plus a grace, or a claim never started.
+
+    A claim whose node the leader cannot reach is given up once its instant is a grace
+    past, not a whole start deadline: the slots a dead leader had claimed ahead for
+    itself are retried within seconds. (A node the leader cannot reach cannot commit
+    its start or renew a lease either, so nothing it does is waited for.)
+    """
     out = []
     for run in runs:
         if run["status"] == "running" and run["lease_us"] is not None:
             if run["lease_us"] + cfg.lease_grace_us < now_us:
                 out.append(run["id"])
-        elif run["status"] == "claimed" and max(fire_at_us(run), run["claimed_us"]) + cfg.start_deadline_us < now_us:
+        elif run["status"] == "claimed":
             # From the claim, not the slot: a retry, catch-up or replay stands for an old slot and
             # would otherwise be expired before its worker could report the start.
-            out.append(run["id"])
+            due = max(fire_at_us(run), run["claimed_us"])
+            unreachable = live is not None and run["node"] not in live
+            if due + (cfg.lease_grace_us if unreachable else cfg.start_deadline_us) < now_us:
+                out.append(run["id"])
     return out
 
 

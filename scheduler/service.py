@@ -62,13 +62,13 @@ class Service:
 
     # ---- proposing -------------------------------------------------------------
 
-    async def propose(self, cmd: Command, *, attempts: int = 3) -> tuple[Any, bool]:
+    async def propose(self, cmd: Command, *, attempts: int = 3, timeout: float | None = None) -> tuple[Any, bool]:
         """Commit ``cmd``; returns (result, retried_after_unknown_outcome)."""
         raw = encode_command(cmd)
         retried = False
         for attempt in range(attempts):
             try:
-                result = await self.bridge.submit(raw, self.commit_timeout)
+                result = await self.bridge.submit(raw, timeout or self.commit_timeout)
                 break
             except NotCommitted as exc:
                 if attempt == attempts - 1:

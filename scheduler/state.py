@@ -76,6 +76,7 @@ class State:
         self.applied_index = 0
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
+        self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
 
     # ---- the entry point ---------------------------------------------------
 
@@ -148,6 +149,17 @@ class State:
             self._parsed[name] = parsed
         return parsed
 
+    def dependents_of(self, upstream: str) -> list[str]:
+        """Jobs whose ``depends_on`` names ``upstream``, in job order (the same on every replica)."""
+        if self._dependents is None:
+            index: dict[str, list[str]] = {}
+            for name in self.jobs:
+                job = self.job(name)
+                if job is not None and job.depends_on is not None:
+                    index.setdefault(job.depends_on.job, []).append(name)
+            self._dependents = index
+        return self._dependents.get(upstream, [])
+
     def _put_job(self, cmd: PutJob) -> Any:
         try:
             job = parse_job(cmd.spec)
@@ -174,6 +186,7 @@ class State:
             change = "configured"
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
+        self._dependents = None
         cancelled = ledger.reset_future(self, job.name, cmd.at_us, "the job was changed") if old else []
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
 
@@ -182,6 +195,7 @@ class State:
             return Rejected("not_found", f"no job named {cmd.name!r}")
         del self.jobs[cmd.name]
         self._parsed.pop(cmd.name, None)
+        self._dependents = None
         removed = ledger.drop_history(self, cmd.name)
         self.notes.pop(cmd.name, None)
         for key in [k for k, d in self.pending_deps.items() if d["job"] == cmd.name]:

@@ -63,21 +63,25 @@ class Worker:
         self._results: dict[str, dict[str, Any]] = {}
         self._kick = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
 
     def start(self) -> None:
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="worker-flush")
+        loop = asyncio.get_running_loop()
+        self._flusher = loop.create_task(self._flush_loop(), name="worker-reports")
+        self._renewer = loop.create_task(self._renew_loop(), name="worker-leases")
 
     async def stop(self) -> None:
         for t in list(self._tasks.values()):
             t.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        for task in (self._flusher, self._renewer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     # ---- reacting to applied entries (event-loop thread) --------------------------
 
@@ -166,22 +170,14 @@ class Worker:
     # ---- batched reports -------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
-        renew_every = self.lease / 3
-        last_renew = self.clock.monotonic()
         backoff = self.flush_interval
         while True:
-            try:
-                await asyncio.wait_for(self._kick.wait(), renew_every)
-            except TimeoutError:
-                pass
+            await self._kick.wait()
             self._kick.clear()
             await asyncio.sleep(self.flush_interval)  # gather a batch
             try:
                 await self._flush_starts()
                 await self._flush_results()
-                if self.clock.monotonic() - last_renew >= renew_every:
-                    await self._renew()
-                    last_renew = self.clock.monotonic()
                 backoff = self.flush_interval
             except RaftcronError as exc:
                 log.warning("reports not committed yet (%s); retrying", exc)
@@ -189,13 +185,24 @@ class Worker:
                 await asyncio.sleep(backoff)
                 self._kick.set()
 
+    async def _renew_loop(self) -> None:
+        """Leases are renewed on their own schedule: a report stuck waiting for a commit
+        must not hold renewals back until the leader gives the attempts up."""
+        every = self.lease / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._renew()
+            except RaftcronError as exc:
+                log.warning("lease renewal not committed (%s); next try in %.1fs", exc, every)
+
     async def _flush_starts(self) -> None:
         if not self._starts:
             return
         batch = dict(list(self._starts.items())[:BATCH])
         lease_until = us(self.clock.now()) + int(self.lease * 1e6)
         await self.svc.propose(StartRuns(at_us=us(self.clock.now()), node=self.me, runs=tuple(batch),
-                                         started_us=batch, lease_until_us=lease_until))
+                                         started_us=batch, lease_until_us=lease_until), attempts=1)
         for rid in batch:
             self._starts.pop(rid, None)
 
@@ -203,7 +210,7 @@ class Worker:
         while self._results:
             batch = list(self._results.items())[:BATCH]
             await self.svc.propose(FinishRuns(at_us=us(self.clock.now()), node=self.me,
-                                              results=tuple(r for _, r in batch)))
+                                              results=tuple(r for _, r in batch)), attempts=1)
             for rid, _ in batch:
                 self._results.pop(rid, None)
 
@@ -212,7 +219,7 @@ class Worker:
         if running:
             until = us(self.clock.now()) + int(self.lease * 1e6)
             await self.svc.propose(RenewLeases(at_us=us(self.clock.now()), node=self.me, runs=running,
-                                               lease_until_us=until))
+                                               lease_until_us=until), attempts=1, timeout=self.lease / 3)
 
     # ---- after a restart ------------------------------------------------------------------
 

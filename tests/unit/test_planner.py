@@ -389,3 +389,12 @@ def test_replace_with_several_due_slots_runs_only_the_newest() -> None:
     assert [d[2] for d in decided(p)[:-1]] == ["skipped"] * 4
     assert all("replaces it" in (c.reason or "") for c in p.claims[:-1])
     assert p.cancel == ["r7f"], "only real runs are cancelled"
+
+
+def test_claims_of_an_unreachable_node_are_given_up_after_the_grace() -> None:
+    cfg = PlanConfig()
+    claim = running("rc1", status="claimed", node="n2", slot_us=t(12, 0), claimed_us=t(11, 59, 58))
+    just_after = t(12, 0) + cfg.lease_grace_us + 1
+    assert expired_runs([claim], just_after, cfg, live={"n1"}) == ["rc1"]
+    assert expired_runs([claim], just_after, cfg, live={"n1", "n2"}) == [], "a reachable node gets the deadline"
+    assert expired_runs([claim], just_after, cfg) == []
