@@ -207,7 +207,7 @@ def _summarise(runs: list[dict[str, Any]], configs: list[str]) -> list[dict[str,
                 "load_p99_ms": _m(median_of(r["phases"][thr]["latency"]["p99"] for r in rs)),
                 "errors": sum(r["phases"][seq]["errors"] + sum(r["phases"][thr]["errors"].values()) for r in rs),
                 "term_changes": None if cfg == "floor" else sum(r["term_changes"] for r in rs),
-                "cores_used_under_load": median_of(r["phases"][thr].get("cpu", {}).get("cores_used") for r in rs),
+                "cores_used_under_load": _r2(median_of(r["phases"][thr].get("cpu", {}).get("cores_used") for r in rs)),
                 "agent_cpu_ms_per_write": _m(median_of(_cpu_per_write(r["phases"][thr], r.get("idle_cpu")) for r in rs)),
                 "load_1m": [r["load_before"]["1m"] for r in rs],
             })
@@ -222,6 +222,10 @@ def _cpu_per_write(phase: dict[str, Any], idle: dict[str, Any] | None) -> float 
     busy = sum(v for k, v in cpu["cpu_s"].items() if k != "bench" and v is not None)
     idle_rate = sum(v for k, v in idle["cpu_s"].items() if k != "bench" and v is not None) / idle["wall_s"]
     return float(max(0.0, busy - idle_rate * cpu["wall_s"]) / phase["ok"])
+
+
+def _r2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
 
 
 def _m(v: float | None) -> float | None:

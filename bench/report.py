@@ -35,11 +35,15 @@ def api_writes() -> str:
     if not d:
         return ""
     rows = [[r["config"], r["target"], r["p50_ms"], r["p99_ms"], r["writes_per_s"],
-             f"{r['load_p50_ms']} / {r['load_p99_ms']}", r["agent_cpu_ms_per_write"], r["cores_used_under_load"],
+             f"{r['load_p50_ms']} / {r['load_p99_ms']}", r["agent_cpu_ms_per_write"], _r2(r["cores_used_under_load"]),
              r["term_changes"], r["errors"], _loads(r["load_1m"])] for r in d["summary"]]
     return _md(["config", "target", "PUT p50 ms", "PUT p99 ms", "writes/s, 64 in flight", "p50 / p99 ms at 64 in flight",
                 "agents' CPU ms per write", "cores used by the 3 agents", "term changes", "errors", "load avg 1m"], rows) + \
         f"\n\nMedians over {d['params']['repeat']} fresh clusters per configuration ({d['machine']['started_at']})."
+
+
+def _r2(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
 
 
 def failover() -> str:
@@ -91,7 +95,7 @@ def lateness() -> str:
     if "rates" in d:
         rows = [[r["rate"], r["p50_ms"], r["p99_ms"], ", ".join(str(x) for x in r["p99_ms_each"]), r["max_ms"],
                  f"{100 * r['delivered']:.1f}%" if r["delivered"] is not None else "-", r["doubled"],
-                 r["apscheduler_p99_ms"], r["goal_p99_ms"], r["cores_used"], _loads(r["load_1m"])]
+                 r["apscheduler_p99_ms"], r["goal_p99_ms"], _r2(r["cores_used"]), _loads(r["load_1m"])]
                 for r in d["rates"]["summary"]]
         parts.append(_md(["runs/s", "p50 ms", "p99 ms (median)", "p99 ms, each run", "max ms (median)",
                           "slots delivered by window end + 5 s", "slots delivered twice", "APScheduler p99 ms (issue)",

@@ -104,8 +104,7 @@ def fresh_cluster(label: str, extra: Sequence[str] = (), keep: bool = False, siz
                 shutil.copy(log, dest / log.name)
             if failed:
                 print(f"[bench] agent logs kept in {dest}", file=sys.stderr)
-        if not keep:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # journals and snapshots: the logs were copied above
 
 
 def leader_of(cluster: Cluster, timeout: float = 30.0) -> Node:
