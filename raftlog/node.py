@@ -76,12 +76,17 @@ class NodeConfig:
     peers: tuple[str, ...]
     data_dir: Path
     secret: str
-    # Timing: chosen from bench/ measurements on a 2-core machine; see README.
+    # Timing, chosen from bench/ measurements on a 2-core machine (README, "Benchmarks").
+    # Batched AppendEntries every 20 ms: with one message per command (batch_append=False)
+    # commits were faster (PUT p50 7.5 ms against 15-25 ms) but cost twice the CPU per run,
+    # and the extra sends reached followers out of order, which made pysyncobj truncate and
+    # re-append entries it had applied; a report then waited seconds for its commit and
+    # leases lapsed (p99 lateness of seconds at 100 runs/s).
     election_min: float = 0.4
     election_max: float = 1.0
-    append_period: float = 0.05
+    append_period: float = 0.02
     tick_period: float = 0.005
-    batch_append: bool = False
+    batch_append: bool = True
     leader_fallback: float = 1.2
     fsync: bool = True
     compaction_entries: int = 20000

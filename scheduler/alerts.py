@@ -69,7 +69,8 @@ def on_finished(state: State, run: dict[str, Any], rec: dict[str, Any], at_us: i
     if run["status"] == "succeeded":
         if alerted:
             raise_alert(state, "recovery", run, run["job"], at_us)
-        _duration_check(state, run, at_us)
+        if _wants(state, run["job"], "duration"):  # it reads the job's history: only when asked for
+            _duration_check(state, run, at_us)
         return {**rec, "failure_alerted": False}
     if rec["consecutive_failures"] == job.alerts.after_failures and not alerted:
         raise_alert(state, "failure", run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])

@@ -51,6 +51,7 @@ class LeaderLoop:
         self._wake = asyncio.Event()
         self.claimed_total = 0
         self.ticks = 0
+        self._unreachable_since: dict[str, float] = {}
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -152,11 +153,23 @@ class LeaderLoop:
             if due is not None:
                 heapq.heappush(self._heap, (due, name))
         if self.clock.monotonic() - led_since >= self.cfg.lease:
-            expired = expired_runs(active, now, self.cfg.plan, live)
+            expired = expired_runs(active, now, self.cfg.plan, self._reachable(live))
             if expired:
                 log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
                 await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id,
                                                   term=self.svc.node.status().term, runs=tuple(expired)))
+
+    def _reachable(self, live: set[str]) -> set[str]:
+        """Nodes not continuously unreachable for a whole lease: a node starved of CPU may
+        miss a heartbeat or two, and its claims must not be given up for that."""
+        mono = self.clock.monotonic()
+        known = set(self.state.nodes)
+        for node in known - live:
+            self._unreachable_since.setdefault(node, mono)
+        for node in live:
+            self._unreachable_since.pop(node, None)
+        gone = {n for n, since in self._unreachable_since.items() if mono - since >= self.cfg.lease}
+        return known - gone
 
     async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int) -> bool:
         if not (claims or summaries or cancel):

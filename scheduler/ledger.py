@@ -382,6 +382,12 @@ def _trim(state: State, job_name: str) -> None:
     excess = len(ids) - keep
     if excess <= 0:
         return
+    # The common case: the oldest runs are over and go first (no scan of the whole history).
+    while excess > 0 and ids[0] not in state.active and ids[0] not in state.dead:
+        state.runs.pop(ids.pop(0), None)
+        excess -= 1
+    if excess <= 0:
+        return
     kept = []
     for rid in ids:
         if excess > 0 and rid not in state.active and rid not in state.dead:
