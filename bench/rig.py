@@ -49,7 +49,7 @@ def load() -> dict[str, float]:
 
 
 def _busy_processes(limit: int = 6) -> list[str]:
-    """The busiest processes right now (other engineers' tests show up here)."""
+    """The busiest processes right now (other work on the machine shows up here)."""
     try:
         out = subprocess.run(["ps", "-eo", "pcpu=,args=", "--sort=-pcpu"], capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
