@@ -256,9 +256,8 @@ class Agent:
 
     async def _lead(self, loop: LeaderLoop) -> None:
         """Everything only the leader does; cancelled as one when leadership goes."""
-        metrics = self.api_context.extras.get("metrics")
         sender = AlertSender(self.service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.advertise_http}",
-                             on_delivery=getattr(metrics, "alert_delivered", None))
+                             on_delivery=self.metrics.alert_delivered if self.metrics else None)
         # The leader loop decides when this leadership is over (it also ends on a new term,
         # even one this node won again); the sender goes with it, so the watcher starts a
         # fresh loop, barrier first, for the next term.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
 from scheduler.planner import from_us, next_slot_us
 from scheduler.state import State
@@ -12,11 +13,7 @@ __all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
 
 
 def iso(v: int | None) -> str | None:
-    if v is None:
-        return None
-    t = from_us(v)
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if t.microsecond else "%Y-%m-%dT%H:%M:%SZ"
-    return t.strftime(fmt)
+    return None if v is None else format_instant(from_us(v))
 
 
 def run_view(run: dict[str, Any], *, output: bool = True) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .clock import Clock
 from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
+from .duration import format_instant
 from .errors import RaftcronError
 from .model import Job
 from .planner import PlanConfig, dependency_claims, due_retries, expired_runs, from_us, plan_job
@@ -120,8 +121,8 @@ class LeaderLoop:
         while self._heap and self._heap[0][0] <= now:
             names.add(heapq.heappop(self._heap)[1])
         live = self.live()
-        picker = self.svc.picker(live)
         active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
+        picker = self.svc.picker(live, active)
         by_job: dict[str, list[dict[str, Any]]] = {}
         for r in active:
             by_job.setdefault(r["job"], []).append(r)
@@ -188,12 +189,9 @@ class LeaderLoop:
                 continue
             self.claimed_total += len(result["runs"])
             for r in result["runs"]:
-                log.info("decided %s slot %s: %s%s", r["job"], us_to_text(r["slot_us"]), r["status"],
+                log.info("decided %s slot %s: %s%s", r["job"], format_instant(from_us(r["slot_us"])), r["status"],
                          f" on {r['node']}" if r["node"] else f" ({r['error']})")
             if result["refused"]:
                 log.info("%d claim(s) refused by the state: %s", len(result["refused"]), result["refused"][:3])
         return ok
 
-
-def us_to_text(v: int) -> str:
-    return from_us(v).isoformat().replace("+00:00", "Z")

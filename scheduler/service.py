@@ -134,15 +134,17 @@ class Service:
 
     # ---- runs ---------------------------------------------------------------------
 
-    def picker(self, live: set[str]) -> Picker:
+    def picker(self, live: set[str], active: list[dict[str, Any]] | None = None) -> Picker:
+        """Nodes as the planner sees them; ``active`` saves re-reading the ledger when the caller has it."""
         nodes = [
             NodeInfo(n["node_id"], dict(n["tags"]), bool(n["allow_shell"]), n["node_id"] in live)
             for n in list(self.state.nodes.values())
         ]
+        if active is None:
+            active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
         load: dict[str, int] = {}
-        for rid in list(self.state.active):
-            run = self.state.runs.get(rid)
-            if run is not None and run["node"]:
+        for run in active:
+            if run["node"]:
                 load[run["node"]] = load.get(run["node"], 0) + 1
         return Picker(nodes, load)
 
