@@ -112,7 +112,11 @@ def leader_of(cluster: Cluster, timeout: float = 30.0) -> Node:
 
 
 def term_of(node: Node, timeout: float = 2.0) -> int | None:
-    status, body = http("GET", node.url + "/v1/cluster", timeout=timeout)
+    """The node's Raft term, or None when it did not answer within ``timeout`` (an overloaded agent)."""
+    try:
+        status, body = http("GET", node.url + "/v1/cluster", timeout=timeout)
+    except OSError:
+        return None
     return int(body["term"]) if status == 200 else None
 
 

@@ -15,7 +15,10 @@ know them:
 - the journal is flushed to disk before pysyncobj acknowledges anything it
   appended (pysyncobj itself never fsyncs);
 - the dump is msgpack written by a thread of ours (no pickle, no fork holding
-  our listening sockets).
+  our listening sockets);
+- AppendEntries go out as soon as a follower has acknowledged what it was sent
+  (not only every ``append_period``), and a follower never truncates entries
+  it already holds from the current leader (see ``_Pacer``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
-from pysyncobj.journal import FileJournal
+from pysyncobj.journal import FileJournal, MetaStorer
+from pysyncobj.pipe_notifier import PipeNotifier
 
 from .fsm import ApplyContext, StateMachine
 from .snapshot import SnapshotWriter, read_snapshot
@@ -49,6 +54,39 @@ class MissingSecret(ValueError):
     pass
 
 
+class _DurableMeta(MetaStorer):  # type: ignore[misc]
+    """pysyncobj's term / vote / commit-index file, replaced durably.
+
+    pysyncobj writes a temporary file and renames it over the old one without
+    syncing either, so a power loss can leave an empty file: the node restarts at
+    term 0 with no vote and may vote twice in a term. Here the new file's data is
+    synced before the rename and the directory after it (term changes are rare;
+    the commit index is stored at most once a second).
+    """
+
+    def getMeta(self) -> dict[str, Any]:  # noqa: N802 - pysyncobj's name; closes the file it reads
+        try:
+            with open(self.getPath(), "rb") as f:
+                meta = _journal_module.loads(f.read())
+        except Exception:  # noqa: BLE001 - missing or unreadable: start from nothing, as pysyncobj does
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
+        path = self.getPath()
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(_journal_module.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class _DurableJournal(FileJournal):  # type: ignore[misc]
     """A FileJournal that syncs every appended record before pysyncobj goes on.
 
@@ -62,12 +100,123 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
     """
 
     def __init__(self, journal_file: str) -> None:
-        super().__init__(journal_file)
+        # FileJournal names its meta storer's class at construction; swap in ours for it.
+        original, _journal_module.MetaStorer = _journal_module.MetaStorer, _DurableMeta
+        try:
+            super().__init__(journal_file)
+        finally:
+            _journal_module.MetaStorer = original
         self._rc_fd = self._FileJournal__journalFile._ResizableFile__f.fileno()
+        self._rc_dirty = False
+        # True only while pysyncobj appends new commands as leader (``_Host.
+        # _checkCommandsToApply``): those appends are synced by ``sync`` at the end of
+        # the same raft tick, after the AppendEntries carrying them went out, so the
+        # leader's disk write overlaps the followers' (Raft lets a leader persist in
+        # parallel with replication). No message is read in between, and a commit is
+        # counted only at the next tick, after that sync. Every other append (a
+        # follower's, a new leader's no-op) is synced before anything can answer it.
+        self.defer = False
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        os.fdatasync(self._rc_fd)
+        if self.defer:
+            self._rc_dirty = True
+        else:
+            os.fdatasync(self._rc_fd)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        # pysyncobj rewrites the kept entries one ``add`` at a time: one sync, not one each.
+        deferred, self.defer = self.defer, True
+        try:
+            super().deleteEntriesTo(entryTo)
+        finally:
+            self.defer = deferred
+        self.sync()
+
+    def sync(self) -> None:
+        if self._rc_dirty:
+            self._rc_dirty = False
+            os.fdatasync(self._rc_fd)
+
+
+class _Pacer:
+    """Commit latency without losing batching, and without pysyncobj's re-truncation.
+
+    In batched mode pysyncobj sends AppendEntries only every ``appendEntriesPeriod``,
+    so a commit waits for the next period (PUT p50 ~24 ms); its unbatched mode sends
+    one message per command, and the pipelined duplicates that follow a follower's
+    "reset" answer made followers truncate and re-append entries they had applied.
+    This keeps batched mode and adds three things, all on the raft thread:
+
+    - ``wake``: a submit from another thread wakes the raft thread's poll at once
+      (batched mode has no such notifier, so a command waited up to a tick);
+    - ``on_tick`` (leader, after new commands were appended this tick): send now if
+      some connected follower has acknowledged everything it was sent and has new
+      entries or a newer commit index to learn. A busy follower is not sent more
+      until it answers, so under load messages still carry many entries each;
+    - ``inbound`` (follower): an AppendEntries whose leading entries this node
+      already holds with the same term is trimmed to what is new. pysyncobj would
+      otherwise delete everything after ``prevLogIdx`` and re-append it, entries
+      it had already acknowledged (and applied) included.
+    """
+
+    def __init__(self, host: SyncObj) -> None:
+        self._host = host
+        self._notifier = PipeNotifier(host._poller)
+        self._sent_commit = 0
+        self._deliver = host._SyncObj__onMessageReceived
+        host._SyncObj__transport.setOnMessageReceivedCallback(self.inbound)
+
+    def wake(self) -> None:
+        try:
+            self._notifier.notify()
+        except BlockingIOError:  # the pipe is full: a wake-up is already pending
+            pass
+
+    def on_tick(self) -> None:
+        host = self._host
+        if not host._isLeader():
+            return
+        last = host._SyncObj__getCurrentLogIndex()
+        commit = host._SyncObj__raftCommitIndex
+        next_index = host._SyncObj__raftNextIndex
+        match_index = host._SyncObj__raftMatchIndex
+        for node in host.otherNodes:
+            nxt = next_index.get(node)
+            if nxt is None or match_index.get(node, 0) != nxt - 1 or not host.isNodeConnected(node):
+                continue  # this one still has entries in flight, or cannot be reached
+            if nxt <= last or commit > self._sent_commit:
+                host._SyncObj__sendAppendEntries()
+                self._sent_commit = commit
+                return
+
+    def inbound(self, node: Any, message: Any) -> None:
+        if type(message) is dict and message.get("type") == "append_entries" and message.get("entries"):
+            message = self._trim(message)
+        self._deliver(node, message)
+
+    def _trim(self, message: dict[str, Any]) -> dict[str, Any]:
+        entries = message["entries"]
+        journal = self._host._SyncObj__raftLog
+        first = journal[0][1]
+        last = journal[-1][1]
+        held = 0
+        for _command, idx, term in entries:
+            if idx < first or idx > last or journal[idx - first][2] != term:
+                break
+            held += 1
+        if held == 0:
+            return message
+        if held < len(entries):
+            kept = entries[held - 1]
+            return {**message, "entries": entries[held:], "prevLogIdx": kept[1], "prevLogTerm": kept[2]}
+        # Everything sent is already here. Entries after them are this leader's own
+        # only if the newest carries its term (Raft's log matching); then answer for
+        # all of them. Otherwise let pysyncobj decide, as it would have.
+        tail_term = journal[-1][2]
+        if last > entries[-1][1] and tail_term != message.get("term"):
+            return message
+        return {**message, "entries": [], "prevLogIdx": last, "prevLogTerm": tail_term}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +241,7 @@ class NodeConfig:
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
+    eager_append: bool = True  # send AppendEntries as soon as a follower is idle (see _Pacer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +275,18 @@ class _Host(SyncObj):  # type: ignore[misc]
     def __init__(self, owner: RaftNode, self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
         self._rc_owner = owner
         super().__init__(self_addr, peers, conf)
+
+    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
+        journal = self._SyncObj__raftLog
+        # Only once RaftNode._on_tick runs (it creates the pacer), since it does the sync.
+        defer = self._rc_owner._pacer is not None and isinstance(journal, _DurableJournal)
+        if defer:
+            journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
+        try:
+            super()._checkCommandsToApply()
+        finally:
+            if defer:
+                journal.defer = False
 
     @replicated  # type: ignore[untyped-decorator]
     def _rc_apply(self, payload: bytes) -> Any:
@@ -168,6 +330,8 @@ class RaftNode:
         self._last_leader: str | None = None
         self._cached: NodeStatus | None = None
         self._last_keepalive = 0.0
+        self._last_tick = time.monotonic()
+        self._pacer: _Pacer | None = None
         self._status_lock = threading.Lock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -295,6 +459,9 @@ class RaftNode:
                 log.exception("submit callback raised")
 
         host._rc_apply(payload, callback=guarded)
+        pacer = self._pacer
+        if pacer is not None:
+            pacer.wake()
 
     # ---- membership --------------------------------------------------------
 
@@ -336,6 +503,14 @@ class RaftNode:
         host = self._host
         if host is None:
             return
+        if self.config.eager_append:
+            if self._pacer is None:
+                self._pacer = _Pacer(host)
+            self._pacer.on_tick()
+        journal = host._SyncObj__raftLog
+        if isinstance(journal, _DurableJournal):
+            journal.sync()  # what this tick appended as leader, before the next tick counts it
+        self._excuse_own_stall(host)
         self._keepalive(host)
         st = host.getStatus()
         state = _STATES.get(st["state"], "unknown")
@@ -373,6 +548,26 @@ class RaftNode:
         )
         with self._status_lock:
             self._cached = status
+
+    def _excuse_own_stall(self, host: _Host) -> None:
+        """A follower that was itself busy (a long apply, a starved thread) must not
+        take its own silence for the leader's.
+
+        pysyncobj checks the election deadline at the top of a tick, before it reads
+        the messages that arrived while the previous tick ran. After a tick longer
+        than the shortest election timeout the leader's heartbeats are sitting in
+        the socket unread, so the deadline is pushed out by that timeout first: the
+        next poll reads them, or a dead leader is found out one timeout later.
+        """
+        now = time.monotonic()
+        gap = now - self._last_tick
+        self._last_tick = now
+        if gap < self.config.election_min / 2 or host._isLeader():
+            return
+        floor = now + self.config.election_min
+        if host._SyncObj__raftElectionDeadline < floor:
+            host._SyncObj__raftElectionDeadline = floor
+        log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
 
     def _keepalive(self, host: _Host) -> None:
         """Keep every link read from, follower-to-follower ones included.

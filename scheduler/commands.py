@@ -8,6 +8,8 @@ proposing leader and its term, the chosen nodes) travels inside the command:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -212,49 +214,80 @@ def decode_command(raw: bytes) -> Command:
     if cls is None:
         raise CodecError(f"unknown command tag {env.tag!r}")
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in env.data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise CodecError(f"command {env.tag!r} lacks field {f.name!r}")
+    for name, annotation, required, check in _wire_fields(cls):
+        if name not in env.data:
+            if required:
+                raise CodecError(f"command {env.tag!r} lacks field {name!r}")
             continue
-        value = env.data[f.name]
-        if f.name == "claims":
+        value = env.data[name]
+        if name == "claims":
             try:
                 value = tuple(Claim(**c) for c in value)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
+            claim_fields = _wire_fields(Claim)
             for c in value:
-                for cf in fields(Claim):
-                    if not _conforms(getattr(c, cf.name), str(cf.type)):
-                        raise CodecError(f"command {env.tag!r} has a malformed claim: {cf.name!r} must be {cf.type}")
-        elif not _conforms(value, str(f.type)):
+                for cname, cannotation, _, ccheck in claim_fields:
+                    if not ccheck(getattr(c, cname)):
+                        raise CodecError(f"command {env.tag!r} has a malformed claim: {cname!r} must be {cannotation}")
+        elif not check(value):
             # Checked here, so apply never meets a wrong type half way through a command.
-            raise CodecError(f"command {env.tag!r}: field {f.name!r} must be {f.type}")
+            raise CodecError(f"command {env.tag!r}: field {name!r} must be {annotation}")
         elif isinstance(value, list):
             value = tuple(value)
-        kwargs[f.name] = value
-    unknown = set(env.data) - {f.name for f in fields(cls)}
-    if unknown:
-        raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
+        kwargs[name] = value
+    if len(env.data) > len(kwargs):
+        unknown = set(env.data) - {f[0] for f in _wire_fields(cls)}
+        if unknown:
+            raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
     return cls(**kwargs)
+
+
+_Check = Callable[[Any], bool]
+
+
+_WIRE_FIELDS: dict[type, tuple[tuple[str, str, bool, _Check], ...]] = {}
+
+
+def _wire_fields(cls: type) -> tuple[tuple[str, str, bool, _Check], ...]:
+    """(name, annotation text, required, its wire check) of each field, computed once per class.
+    ``claims`` is checked claim by claim against Claim's own fields instead."""
+    found = _WIRE_FIELDS.get(cls)
+    if found is None:
+        found = _WIRE_FIELDS[cls] = tuple(
+            (f.name, str(f.type), f.default is MISSING and f.default_factory is MISSING,
+             _checker("Any" if f.name == "claims" else str(f.type)))
+            for f in fields(cls)
+        )
+    return found
 
 
 def _conforms(value: Any, annotation: str) -> bool:
     """``value`` (as msgpack gives it: lists for tuples) fits the field annotation text."""
+    return _checker(annotation)(value)
+
+
+@functools.cache
+def _checker(annotation: str) -> _Check:
+    """The check for one annotation text, built once (decoding runs on every replica for every entry)."""
     if " | " in annotation:
-        return any(_conforms(value, a) for a in annotation.split(" | "))
+        options = tuple(_checker(a) for a in annotation.split(" | "))
+        return lambda v: any(c(v) for c in options)
     if annotation == "Any":
-        return True
+        return lambda v: True
     if annotation == "None":
-        return value is None
+        return lambda v: v is None
     if annotation == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation in ("str", "bool"):
-        return isinstance(value, str if annotation == "str" else bool)
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if annotation == "str":
+        return lambda v: isinstance(v, str)
+    if annotation == "bool":
+        return lambda v: isinstance(v, bool)
     if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
-        item = annotation[len("tuple["):-len(", ...]")]
-        return isinstance(value, (list, tuple)) and all(_conforms(v, item) for v in value)
+        item = _checker(annotation[len("tuple["):-len(", ...]")])
+        return lambda v: isinstance(v, (list, tuple)) and all(item(x) for x in v)
     if annotation.startswith("dict[") and annotation.endswith("]"):
-        key, _, item = annotation[len("dict["):-1].partition(", ")
-        return isinstance(value, dict) and all(_conforms(k, key) and _conforms(v, item) for k, v in value.items())
-    raise TypeError(f"no wire check for annotation {annotation!r}")  # a new field type: extend _conforms
+        key_text, _, item_text = annotation[len("dict["):-1].partition(", ")
+        key, item = _checker(key_text), _checker(item_text)
+        return lambda v: isinstance(v, dict) and all(key(k) and item(x) for k, x in v.items())
+    raise TypeError(f"no wire check for annotation {annotation!r}")  # a new field type: extend _checker

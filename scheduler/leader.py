@@ -23,7 +23,7 @@ from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, 
 from .duration import format_instant
 from .errors import RaftcronError
 from .model import Job
-from .planner import PlanConfig, dependency_claims, due_retries, expired_runs, from_us, plan_job
+from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, from_us, plan_job
 from .service import Service
 from .state import Applied
 
@@ -38,6 +38,12 @@ class LeaderConfig:
     tick: float = 0.05
     lease: float = 5.0
     plan: PlanConfig = PlanConfig()
+    # The scan of every active attempt (expired leases, due retries, node load) runs at
+    # most this often; the heap of due jobs is served every tick.
+    scan: float = 0.1
+    # Jobs decided ahead of their slot are woken on this grid, so that one tick and one
+    # ClaimSlots entry serve every job that falls in the same step.
+    ahead_grid: float = 0.05
 
 
 class LeaderLoop:
@@ -53,6 +59,8 @@ class LeaderLoop:
         self.claimed_total = 0
         self.ticks = 0
         self._unreachable_since: dict[str, float] = {}
+        self._picker: Picker | None = None
+        self._scanned = float("-inf")
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -116,49 +124,73 @@ class LeaderLoop:
 
     async def _tick(self, led_since: float) -> None:
         now = self.svc.now_us()
+        mono = self.clock.monotonic()
         names = set(self._dirty)
         self._dirty.clear()
         while self._heap and self._heap[0][0] <= now:
             names.add(heapq.heappop(self._heap)[1])
-        live = self.live()
-        active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
-        picker = self.svc.picker(live, active)
-        by_job: dict[str, list[dict[str, Any]]] = {}
-        for r in active:
-            by_job.setdefault(r["job"], []).append(r)
+        scan = self._picker is None or mono - self._scanned >= self.cfg.scan
+        active: list[dict[str, Any]] = []
+        live: set[str] = set()
+        if scan:
+            # O(active attempts): not on every tick. Between scans the picker keeps
+            # counting what it hands out, so its load figures stay close.
+            live = self.live()
+            active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
+            self._picker = self.svc.picker(live, active)
+            self._scanned = mono
+        picker = self._picker
+        assert picker is not None
         claims: list[Claim] = []
         summaries: list[dict[str, Any]] = []
         cancel: list[str] = []
         next_due: dict[str, int | None] = {}
-        jobs: dict[str, Job] = {}
         for name in sorted(names):
             job, rec = self.state.job(name), self.state.jobs.get(name)
             if job is None or rec is None:
                 continue
-            plan = plan_job(job, rec, by_job.get(name, []), now, self.cfg.plan, picker)
+            # Only forbid / replace look at the job's attempts in flight; read them fresh.
+            busy = [] if str(job.concurrency) == "allow" else self._active_of(name)
+            plan = plan_job(job, rec, busy, now, self.cfg.plan, picker)
             claims += plan.claims
             summaries += plan.summaries
             cancel += plan.cancel
-            next_due[name] = plan.next_due_us
-        for r in active:
-            if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
-                jobs[r["job"]] = j
-        claims += due_retries(active, jobs, now, picker, self.cfg.plan.horizon_us)
-        pending = list(self.state.pending_deps.values())
-        dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
-        claims += dependency_claims(pending, dep_jobs, picker)
+            due = plan.next_due_us
+            if due is not None and decides_ahead(job):
+                grid = int(self.cfg.ahead_grid * 1e6)
+                due = -(-due // grid) * grid
+            next_due[name] = due
+        if scan:
+            jobs: dict[str, Job] = {}
+            for r in active:
+                if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
+                    jobs[r["job"]] = j
+            claims += due_retries(active, jobs, now, picker, self.cfg.plan.horizon_us)
+        if self.state.pending_deps:
+            pending = list(self.state.pending_deps.values())
+            dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
+            claims += dependency_claims(pending, dep_jobs, picker)
         ok = await self._commit(claims, summaries, cancel, now)
         for name, due in next_due.items():
             if not ok:
                 due = now + int(self.cfg.tick * 1e6)
             if due is not None:
                 heapq.heappush(self._heap, (due, name))
-        if self.clock.monotonic() - led_since >= self.cfg.lease:
-            expired = expired_runs(active, now, self.cfg.plan, self._reachable(live))
+        if not scan:
+            return
+        reachable = self._reachable(live)  # every scan: a node's unreachable time counts from now on
+        if mono - led_since >= self.cfg.lease:
+            expired = expired_runs(active, now, self.cfg.plan, reachable)
             if expired:
                 log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
-                await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id,
-                                                  term=self.svc.node.status().term, runs=tuple(expired)))
+                term = self.svc.node.status().term
+                for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
+                    await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
+                                                      runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+
+    def _active_of(self, name: str) -> list[dict[str, Any]]:
+        active = self.state.active
+        return [r for rid in list(self.state.job_runs.get(name, ())) if rid in active and (r := self.state.runs.get(rid))]
 
     def _reachable(self, live: set[str]) -> set[str]:
         """Nodes not continuously unreachable for a whole lease: a node starved of CPU may
@@ -188,9 +220,10 @@ class LeaderLoop:
                 ok = False
                 continue
             self.claimed_total += len(result["runs"])
-            for r in result["runs"]:
-                log.info("decided %s slot %s: %s%s", r["job"], format_instant(from_us(r["slot_us"])), r["status"],
-                         f" on {r['node']}" if r["node"] else f" ({r['error']})")
+            if log.isEnabledFor(logging.INFO):  # thousands a second under load: format only when logged
+                for r in result["runs"]:
+                    log.info("decided %s slot %s: %s%s", r["job"], format_instant(from_us(r["slot_us"])), r["status"],
+                             f" on {r['node']}" if r["node"] else f" ({r['error']})")
             if result["refused"]:
                 log.info("%d claim(s) refused by the state: %s", len(result["refused"]), result["refused"][:3])
         return ok

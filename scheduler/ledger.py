@@ -237,6 +237,8 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int
         "http_status": r.get("http_status"), "output": _cap(r.get("output") or ""), "error": r.get("error"),
         "outcome": outcome, "lease_us": None,
     }
+    if run["status"] == "claimed" and r.get("started_us") is not None:
+        alerts.on_started(state, new, at_us)  # finished before its start was reported
     failures = rec["consecutive_failures"]
     if outcome == "succeeded":
         new["status"], failures = "succeeded", 0

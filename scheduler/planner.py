@@ -72,12 +72,26 @@ class JobPlan:
     next_due_us: int | None = None  # when this job next needs the planner
 
 
-class Picker:
-    """Chooses executor nodes: matching tags, live, shell-capable when needed, least loaded."""
+# The leader is picked only when every other fitting node holds this many more attempts
+# in flight (claimed ahead or running) than it does. Below that, which at 100 runs/s on
+# three nodes is always, the leader claims nothing for itself, so a dead leader takes no
+# claimed attempt with it and nothing waits for a lease. Above it the leader takes its
+# share: with none at all, 2,000 runs/s on two cores starved the two followers until
+# they missed heartbeats (bench/README.md).
+LEADER_MARGIN = 300
 
-    def __init__(self, nodes: Iterable[NodeInfo], load: dict[str, int]) -> None:
+
+class Picker:
+    """Chooses executor nodes: matching tags, live, shell-capable when needed, not the
+    one to avoid (a retry's failed node), least loaded, with the leader handicapped by
+    ``spare_margin`` attempts."""
+
+    def __init__(self, nodes: Iterable[NodeInfo], load: dict[str, int], spare: str | None = None,
+                 spare_margin: int = LEADER_MARGIN) -> None:
         self._nodes = sorted(nodes, key=lambda n: n.node_id)
         self._load = dict(load)
+        self._spare = spare
+        self._margin = spare_margin
 
     def pick(self, job: Job, avoid: str | None = None, count: int = 1) -> tuple[list[str], str | None]:
         want = dict(job.target.tags)
@@ -89,7 +103,8 @@ class Picker:
             fit = [n for n in fit if n.allow_shell]
             if not fit:
                 return [], "no live node allows shell jobs (start one with --allow-shell)"
-        fit.sort(key=lambda n: (n.node_id == avoid, self._load.get(n.node_id, 0), n.node_id))
+        fit.sort(key=lambda n: (n.node_id == avoid, self._load.get(n.node_id, 0) + (self._margin if n.node_id == self._spare else 0),
+                                n.node_id))
         chosen = [n.node_id for n in fit[:count]]
         for nid in chosen:
             self._load[nid] = self._load.get(nid, 0) + 1
@@ -107,10 +122,17 @@ def next_slot_us(job: Job, anchor_us: int, after_us: int) -> int | None:
     return us(slot)
 
 
+def decides_ahead(job: Job) -> bool:
+    """Slots of this job are claimed a horizon ahead (concurrency forbid / replace and
+    paused jobs are decided when due: what is in flight then decides)."""
+    return str(job.concurrency) == "allow" and not job.paused
+
+
 def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us: int,
              cfg: PlanConfig, picker: Picker) -> JobPlan:
+    """``active``: the job's attempts in flight; only forbid and replace read them."""
     plan = JobPlan()
-    decide_ahead = str(job.concurrency) == "allow" and not job.paused
+    decide_ahead = decides_ahead(job)
     limit = now_us + (cfg.horizon_us if decide_ahead else 0)
     anchor = rec["created_us"]
     last = rec["last_slot_us"] if rec["last_slot_us"] is not None else anchor

@@ -146,7 +146,9 @@ class Service:
         for run in active:
             if run["node"]:
                 load[run["node"]] = load.get(run["node"], 0) + 1
-        return Picker(nodes, load)
+        leader = self.node.leader()
+        spare = next((n["node_id"] for n in list(self.state.nodes.values()) if n["raft_addr"] == leader), None)
+        return Picker(nodes, load, spare)
 
     async def run_now(self, name: str, live: set[str], *, trigger: str = "manual",
                       retry_of: str | None = None) -> str:

@@ -4,8 +4,9 @@ The log is the dispatch bus: a ``ClaimSlots`` entry naming this node, applied
 while this process is live, is a dispatch. The worker fires it at the slot
 instant by its own clock (claims come ahead of time), checking its applied
 state at that instant (a pause, edit or delete may have cancelled it). It
-then reports, in batches, ``StartRuns`` (taking a lease), ``RenewLeases``
-and ``FinishRuns``; a result is kept and resubmitted until its commit is
+then reports, in batches, ``StartRuns`` (taking a lease; skipped for an
+attempt that finished before its start was sent), ``RenewLeases`` and
+``FinishRuns``; a result is kept and resubmitted until its commit is
 acknowledged (invariant 5), through any number of leader changes.
 
 Entries replayed from this node's own journal at start-up are never acted on;
@@ -147,8 +148,9 @@ class Worker:
         self.fired += 1
         if self.on_start is not None:
             self.on_start(run["job"], (started - run["slot_us"]) / 1e6)
-        log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
-                 attempt.slot.isoformat(), rid)
+        if log.isEnabledFor(logging.INFO):
+            log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
+                     attempt.slot.isoformat(), rid)
         try:
             outcome = await self.executors[kind].run(attempt)
         except asyncio.CancelledError:
@@ -163,8 +165,9 @@ class Worker:
         self._results[rid] = _result(rid, outcome)
         if self.on_finish is not None:
             self.on_finish(run["job"], outcome.status.value, outcome.duration_ms / 1000)
-        log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
-                 f" ({outcome.error})" if outcome.error else "")
+        if log.isEnabledFor(logging.INFO):
+            log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
+                     f" ({outcome.error})" if outcome.error else "")
         self._kick.set()
 
     # ---- batched reports -------------------------------------------------------------
@@ -197,6 +200,11 @@ class Worker:
                 log.warning("lease renewal not committed (%s); next try in %.1fs", exc, every)
 
     async def _flush_starts(self) -> None:
+        # An attempt that already finished is not reported started: its result carries
+        # the start, and the ledger takes it from "claimed" straight to its outcome.
+        # One entry fewer on every replica for each run shorter than a batch period.
+        for rid in [r for r in self._starts if r in self._results]:
+            del self._starts[rid]
         if not self._starts:
             return
         batch = dict(list(self._starts.items())[:BATCH])

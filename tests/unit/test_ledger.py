@@ -706,3 +706,16 @@ def test_a_final_loss_counts_as_a_failure_and_tells_dependents(h: Any, delivery:
     assert h.state.jobs["extract"]["consecutive_failures"] == 1
     assert [d["job"] for d in h.state.pending_deps.values()] == ["load"]
     assert [a["event"] for a in h.state.alerts.values()] == ["failure"]
+
+
+@pytest.mark.parametrize(("late_by", "alerted"), [(90 * SEC, True), (10 * SEC, False)])
+def test_a_run_finished_before_its_start_was_reported_still_raises_its_late_alert(
+        h: Any, late_by: int, alerted: bool) -> None:
+    # The worker skips StartRuns for an attempt that ended within one report batch; the
+    # start it would have carried comes with the result, and so does the "late" check.
+    h.put("ping", alerts={"on": ["late"], "late_after": "1m"})
+    run = h.claim_one("ping", slot(1))
+    h.finish("n1", run["id"], "succeeded", slot(1) + late_by + SEC, started_us=slot(1) + late_by)
+    assert h.run(run["id"])["started_us"] == slot(1) + late_by
+    events = [(a["event"], a["run_id"]) for a in h.state.alerts.values()]
+    assert events == ([("late", run["id"])] if alerted else [])

@@ -269,6 +269,22 @@ def test_picker_spreads_load_within_a_tick() -> None:
     assert pick.pick(a, avoid="n1") == (["n2"], None)
 
 
+def test_the_leader_runs_nothing_until_the_others_hold_a_margin_more() -> None:
+    nodes = [NodeInfo(n, {}, True, True) for n in ("n1", "n2", "n3")]
+    job = make_job()
+    # n1 leads: its picks go to n2 and n3 while they are within the margin of it
+    pick = Picker(nodes, {}, spare="n1", spare_margin=2)
+    assert [pick.pick(job)[0] for _ in range(6)] == [["n2"], ["n3"], ["n2"], ["n3"], ["n1"], ["n2"]]
+    # a retry still avoids its failed node first, and takes the leader over it
+    pick = Picker(nodes, {"n2": 0, "n3": 50}, spare="n1", spare_margin=2)
+    assert pick.pick(job, avoid="n2") == (["n1"], None)
+    # the leader is the only node that fits: it runs the job
+    only = [NodeInfo("n1", {}, True, True), NodeInfo("n2", {}, True, False)]
+    assert Picker(only, {}, spare="n1").pick(job) == (["n1"], None)
+    # fan-out to every node includes the leader
+    assert Picker(nodes, {}, spare="n1").pick(job, count=3)[0] == ["n2", "n3", "n1"]
+
+
 # ---- retries, expiries, dependencies ------------------------------------------------------------
 
 

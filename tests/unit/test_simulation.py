@@ -230,3 +230,37 @@ async def test_leader_loop_ends_with_its_term_even_when_this_node_wins_again() -
         assert sim.task.done() and sim.task.exception() is None
     finally:
         await sim.close()
+
+
+async def test_an_attempt_ended_within_a_report_batch_is_never_reported_started() -> None:
+    """One ledger transition fewer per short run: its result carries the start."""
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    seen: list[str] = []
+    sim.node.hooks.append(lambda a: seen.append(type(a.command).__name__))
+    slow: set[str] = set()
+
+    async def run(attempt: Attempt) -> Outcome:
+        began = sim.clock.now()
+        sim.executor.fired.append((attempt, began))
+        if attempt.job in slow:
+            await sim.clock.sleep(3.0)
+        return Outcome(status=OutcomeStatus.SUCCEEDED, started_at=began, finished_at=sim.clock.now())
+
+    sim.worker.executors["http"].run = run  # type: ignore[method-assign]
+    try:
+        await sim.put(_job("quick", "@at 2026-06-01T12:00:05Z"))
+        for _ in range(8):
+            await sim.step(1.0)
+        assert "StartRuns" not in seen and seen.count("FinishRuns") == 1
+        (quick,) = sim.state.runs.values()
+        assert quick["status"] == "succeeded" and quick["started_us"] == us(datetime(2026, 6, 1, 12, 0, 5, tzinfo=UTC))
+
+        slow.add("long")
+        seen.clear()
+        await sim.put(_job("long", "@at 2026-06-01T12:00:15Z"))
+        for _ in range(12):
+            await sim.step(1.0)
+        assert [c for c in seen if c in ("StartRuns", "FinishRuns")] == ["StartRuns", "FinishRuns"]
+        assert [r["status"] for r in sim.state.runs.values()] == ["succeeded", "succeeded"]
+    finally:
+        await sim.close()

@@ -1,0 +1,216 @@
+"""raftlog.node's additions to pysyncobj's timing and durability, against stand-ins for its internals:
+the follower-side trim of AppendEntries it already holds, eager sends, and the stall excuse."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftlog.node import NodeConfig, RaftNode, _Pacer
+
+
+class FakePoller:
+    def __init__(self) -> None:
+        self.subscribed: list[Any] = []
+
+    def subscribe(self, fd: int, callback: Any, events: int) -> None:
+        self.subscribed.append(fd)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.callback: Any = None
+
+    def setOnMessageReceivedCallback(self, callback: Any) -> None:  # noqa: N802 - pysyncobj's name
+        self.callback = callback
+
+
+class FakeHost:
+    """Just the attributes of pysyncobj's SyncObj that raftlog reads and writes."""
+
+    def __init__(self, log: list[tuple[bytes, int, int]], *, leader: bool = False) -> None:
+        self._poller = FakePoller()
+        self._SyncObj__raftLog = log
+        self._SyncObj__transport = FakeTransport()
+        self._SyncObj__raftCommitIndex = 0
+        self._SyncObj__raftNextIndex: dict[str, int] = {}
+        self._SyncObj__raftMatchIndex: dict[str, int] = {}
+        self._SyncObj__raftElectionDeadline = 0.0
+        self.delivered: list[Any] = []
+        self.sends = 0
+        self.otherNodes = ["b", "c"]
+        self.connected = {"b", "c"}
+        self.leader = leader
+
+    def _SyncObj__onMessageReceived(self, node: str, message: Any) -> None:  # noqa: N802
+        self.delivered.append(message)
+
+    def _SyncObj__getCurrentLogIndex(self) -> int:  # noqa: N802
+        return self._SyncObj__raftLog[-1][1]
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802
+        self.sends += 1
+        for node in self.otherNodes:
+            self._SyncObj__raftNextIndex[node] = self._SyncObj__getCurrentLogIndex() + 1
+
+    def _isLeader(self) -> bool:  # noqa: N802
+        return self.leader
+
+    def isNodeConnected(self, node: str) -> bool:  # noqa: N802
+        return node in self.connected
+
+
+def entries(first: int, last: int, term: int) -> list[tuple[bytes, int, int]]:
+    return [(b"c%d" % i, i, term) for i in range(first, last + 1)]
+
+
+def append(prev: int, prev_term: int, ents: list[tuple[bytes, int, int]], term: int = 2) -> dict[str, Any]:
+    return {"type": "append_entries", "term": term, "commit_index": 1, "entries": ents,
+            "prevLogIdx": prev, "prevLogTerm": prev_term}
+
+
+def delivered_after(log: list[tuple[bytes, int, int]], message: dict[str, Any]) -> dict[str, Any]:
+    host = FakeHost(log)
+    _Pacer(host)
+    host._SyncObj__transport.callback("leader", message)
+    assert len(host.delivered) == 1
+    out: dict[str, Any] = host.delivered[0]
+    return out
+
+
+def test_entries_already_held_are_trimmed_to_what_is_new() -> None:
+    out = delivered_after(entries(1, 5, 2), append(2, 2, entries(3, 7, 2)))
+    assert (out["prevLogIdx"], out["prevLogTerm"], [e[1] for e in out["entries"]]) == (5, 2, [6, 7])
+    assert out["commit_index"] == 1 and out["term"] == 2
+
+
+def test_a_resent_batch_answers_for_this_leaders_later_entries_without_truncating_them() -> None:
+    # pysyncobj would delete 6..8 (acknowledged already) and re-append only 3..5
+    out = delivered_after(entries(1, 8, 2), append(2, 2, entries(3, 5, 2)))
+    assert (out["prevLogIdx"], out["prevLogTerm"], out["entries"]) == (8, 2, [])
+
+
+def test_later_entries_of_an_older_term_are_left_to_pysyncobj() -> None:
+    log = entries(1, 8, 1)
+    msg = append(2, 1, entries(3, 5, 1), term=2)
+    assert delivered_after(log, msg) is msg
+
+
+@pytest.mark.parametrize("log", [entries(1, 5, 1), entries(1, 2, 1)], ids=["conflicting-term", "nothing-held"])
+def test_conflicting_or_new_entries_pass_unchanged(log: list[tuple[bytes, int, int]]) -> None:
+    msg = append(2, 1, entries(3, 5, 2))
+    assert delivered_after(log, msg) is msg
+
+
+def test_a_partial_conflict_keeps_the_matching_prefix_as_the_new_prev() -> None:
+    log = entries(1, 4, 2) + entries(5, 6, 1)  # 5 and 6 from an older leader
+    out = delivered_after(log, append(2, 2, entries(3, 7, 2)))
+    assert (out["prevLogIdx"], out["prevLogTerm"], [e[1] for e in out["entries"]]) == (4, 2, [5, 6, 7])
+
+
+@pytest.mark.parametrize("message", [
+    {"type": "append_entries", "term": 2, "commit_index": 3, "prevLogIdx": 4, "prevLogTerm": 2, "entries": []},
+    {"type": "request_vote", "term": 3},
+    {"type": "rc_keepalive"},
+])
+def test_other_messages_pass_untouched(message: dict[str, Any]) -> None:
+    assert delivered_after(entries(1, 5, 2), message) is message
+
+
+def test_the_leader_sends_at_once_to_an_idle_follower_and_waits_for_a_busy_one() -> None:
+    host = FakeHost(entries(1, 5, 2), leader=True)
+    pacer = _Pacer(host)
+    host._SyncObj__raftNextIndex.update(b=6, c=6)
+    host._SyncObj__raftMatchIndex.update(b=5, c=5)
+    pacer.on_tick()
+    assert host.sends == 0  # nothing new
+    host._SyncObj__raftLog += entries(6, 7, 2)
+    pacer.on_tick()
+    assert host.sends == 1  # both idle: sent at once, not at the next period
+    host._SyncObj__raftLog += entries(8, 8, 2)
+    pacer.on_tick()
+    assert host.sends == 1  # both still have 6..7 unacknowledged: 8 waits and joins their next batch
+    host._SyncObj__raftMatchIndex["b"] = 7
+    pacer.on_tick()
+    assert host.sends == 2
+    host._SyncObj__raftMatchIndex.update(b=8, c=8)
+    host._SyncObj__raftCommitIndex = 8
+    pacer.on_tick()
+    assert host.sends == 3  # the new commit index goes out too
+    pacer.on_tick()
+    assert host.sends == 3
+    host.connected.clear()
+    host._SyncObj__raftLog += entries(9, 9, 2)
+    pacer.on_tick()
+    assert host.sends == 3  # nobody reachable
+    host.leader = False
+    host.connected.update({"b", "c"})
+    pacer.on_tick()
+    assert host.sends == 3  # followers never send
+
+
+@pytest.mark.parametrize(("gap", "leader", "moved"), [(0.5, False, True), (0.05, False, False), (0.5, True, False)])
+def test_a_followers_own_long_tick_pushes_its_election_deadline_past_it(
+        tmp_path: Path, gap: float, leader: bool, moved: bool) -> None:
+    node = RaftNode(NodeConfig(raft_addr="127.0.0.1:1", peers=(), data_dir=tmp_path, secret="s", election_min=0.4),
+                    fsm=None)  # type: ignore[arg-type]
+    host = FakeHost(entries(1, 1, 1), leader=leader)
+    before = time.monotonic()
+    host._SyncObj__raftElectionDeadline = before - 0.1  # would start an election on the next tick
+    node._last_tick = before - gap
+    node._excuse_own_stall(host)  # type: ignore[arg-type]
+    if moved:
+        assert host._SyncObj__raftElectionDeadline >= before + 0.4
+    else:
+        assert host._SyncObj__raftElectionDeadline == before - 0.1
+
+
+def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from raftlog import node as node_module
+
+    syncs: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(node_module.os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    journal = node_module._DurableJournal(str(tmp_path / "j"))
+    journal.add(b"a", 1, 1)
+    assert len(syncs) == 1  # a follower's append: synced before it can be acknowledged
+    journal.defer = True
+    journal.add(b"b", 2, 1)
+    journal.add(b"c", 3, 1)
+    assert len(syncs) == 1
+    journal.defer = False
+    journal.sync()
+    journal.sync()
+    assert len(syncs) == 2  # the leader's batch: one sync, and only when something is pending
+    for i in range(4, 40):
+        journal.add(b"x", i, 1)
+    syncs.clear()
+    journal.deleteEntriesTo(30)  # compaction rewrites the kept entries: one sync for all
+    assert len(syncs) == 1 and [e[1] for e in journal][:2] == [31, 32]
+    reopened = node_module._DurableJournal(str(tmp_path / "j"))
+    assert [e[1] for e in reopened] == list(range(31, 40))
+    journal._destroy()
+    reopened._destroy()
+
+
+def test_term_and_vote_are_stored_synced_and_renamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from raftlog import node as node_module
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(node_module.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    journal = node_module._DurableJournal(str(tmp_path / "j"))
+    journal.setCurrentTerm(7, "127.0.0.1:2")
+    assert len(synced) == 2  # the new file's data, then the directory holding the rename
+    assert not (tmp_path / "j.meta.tmp").exists()
+    again = node_module._DurableJournal(str(tmp_path / "j"))
+    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (7, "127.0.0.1:2")
+    journal._destroy()
+    again._destroy()
