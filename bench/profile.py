@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--rate", type=int, default=1000, help="runs mode: jobs (= runs per second)")
     p.add_argument("--rate-hz", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--inflight", type=int, default=64, help="writes mode: requests in flight (1: sequential)")
     a = p.parse_args()
     if shutil.which("py-spy") is None:
         raise SystemExit("py-spy not found: pip install py-spy")
@@ -72,7 +73,7 @@ def main() -> None:
                      for n, out in zip(cluster.nodes, outs.values(), strict=False) if n.proc is not None]
             with CpuMeter(cluster) as cpu:
                 if a.load == "writes":
-                    info["writes"] = asyncio.run(saturate(leader.url, 10**9, a.seconds, 64, "prof"))["rate"]
+                    info["writes"] = asyncio.run(saturate(leader.url, 10**9, a.seconds, a.inflight, "prof"))["rate"]
                 for s in spies:
                     s.wait(a.seconds + 60)
             info["cpu"] = cpu.result

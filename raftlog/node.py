@@ -152,8 +152,9 @@ class _Pacer:
       (batched mode has no such notifier, so a command waited up to a tick);
     - ``on_tick`` (leader, after new commands were appended this tick): send now if
       some connected follower has acknowledged everything it was sent and has new
-      entries or a newer commit index to learn. A busy follower is not sent more
-      until it answers, so under load messages still carry many entries each;
+      entries to get, or a commit index that a follower's forwarded command waits
+      for. A busy follower is not sent more until it answers, so under load messages
+      still carry many entries each;
     - ``inbound`` (follower): an AppendEntries whose leading entries this node
       already holds with the same term is trimmed to what is new. pysyncobj would
       otherwise delete everything after ``prevLogIdx`` and re-append it, entries
@@ -164,6 +165,8 @@ class _Pacer:
         self._host = host
         self._notifier = PipeNotifier(host._poller)
         self._sent_commit = 0
+        self._forwarded = False  # a follower forwarded a command since the last tick
+        self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
         self._deliver = host._SyncObj__onMessageReceived
         host._SyncObj__transport.setOnMessageReceivedCallback(self.inbound)
 
@@ -178,21 +181,31 @@ class _Pacer:
         if not host._isLeader():
             return
         last = host._SyncObj__getCurrentLogIndex()
+        if self._forwarded:  # appended by now (pysyncobj appends before it runs tick callbacks)
+            self._forwarded = False
+            self._awaited_upto = last
         commit = host._SyncObj__raftCommitIndex
+        # A commit index alone is worth a message only to a follower whose client waits for
+        # it; otherwise it rides on the next entries or the periodic heartbeat.
+        tell_commit = commit > self._sent_commit and self._awaited_upto > self._sent_commit
         next_index = host._SyncObj__raftNextIndex
         match_index = host._SyncObj__raftMatchIndex
         for node in host.otherNodes:
             nxt = next_index.get(node)
             if nxt is None or match_index.get(node, 0) != nxt - 1 or not host.isNodeConnected(node):
                 continue  # this one still has entries in flight, or cannot be reached
-            if nxt <= last or commit > self._sent_commit:
+            if nxt <= last or tell_commit:
                 host._SyncObj__sendAppendEntries()
                 self._sent_commit = commit
                 return
 
     def inbound(self, node: Any, message: Any) -> None:
-        if type(message) is dict and message.get("type") == "append_entries" and message.get("entries"):
-            message = self._trim(message)
+        if type(message) is dict:
+            kind = message.get("type")
+            if kind == "append_entries" and message.get("entries"):
+                message = self._trim(message)
+            elif kind == "apply_command":
+                self._forwarded = True
         self._deliver(node, message)
 
     def _trim(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -139,17 +139,25 @@ def test_the_leader_sends_at_once_to_an_idle_follower_and_waits_for_a_busy_one()
     host._SyncObj__raftMatchIndex.update(b=8, c=8)
     host._SyncObj__raftCommitIndex = 8
     pacer.on_tick()
-    assert host.sends == 3  # the new commit index goes out too
+    assert host.sends == 2  # a new commit index alone waits for the next entries or heartbeat
+    host._SyncObj__transport.callback("b", {"type": "apply_command", "command": b"x", "request_id": 1})
+    host._SyncObj__raftLog += entries(9, 9, 2)  # b's command, appended by pysyncobj
     pacer.on_tick()
-    assert host.sends == 3
+    assert host.sends == 3  # entry 9 goes out at once
+    host._SyncObj__raftMatchIndex.update(b=9, c=9)
+    host._SyncObj__raftCommitIndex = 9
+    pacer.on_tick()
+    assert host.sends == 4  # and its commit too: b's client waits for it
+    pacer.on_tick()
+    assert host.sends == 4
     host.connected.clear()
-    host._SyncObj__raftLog += entries(9, 9, 2)
+    host._SyncObj__raftLog += entries(10, 10, 2)
     pacer.on_tick()
-    assert host.sends == 3  # nobody reachable
+    assert host.sends == 4  # nobody reachable
     host.leader = False
     host.connected.update({"b", "c"})
     pacer.on_tick()
-    assert host.sends == 3  # followers never send
+    assert host.sends == 4  # followers never send
 
 
 @pytest.mark.parametrize(("gap", "leader", "moved"), [(0.5, False, True), (0.05, False, False), (0.5, True, False)])
