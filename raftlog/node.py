@@ -239,11 +239,10 @@ class NodeConfig:
     data_dir: Path
     secret: str
     # Timing, chosen from bench/ measurements on a 2-core machine (README, "Benchmarks").
-    # Batched AppendEntries every 20 ms: with one message per command (batch_append=False)
-    # commits were faster (PUT p50 7.5 ms against 15-25 ms) but cost twice the CPU per run,
-    # and the extra sends reached followers out of order, which made pysyncobj truncate and
-    # re-append entries it had applied; a report then waited seconds for its commit and
-    # leases lapsed (p99 lateness of seconds at 100 runs/s).
+    # Batched AppendEntries, a heartbeat every 20 ms, and _Pacer's eager sends between them.
+    # pysyncobj's unbatched mode (batch_append=False, one message per command) cost twice the
+    # CPU per run, and its overlapping re-sends made pysyncobj truncate and re-append entries
+    # it had applied (reports waited seconds for commits, leases lapsed); _Pacer trims those.
     election_min: float = 0.4
     election_max: float = 1.0
     append_period: float = 0.02
