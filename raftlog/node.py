@@ -253,7 +253,6 @@ class NodeConfig:
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
-    eager_append: bool = True  # send AppendEntries as soon as a follower is idle (see _Pacer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,16 +288,17 @@ class _Host(SyncObj):  # type: ignore[misc]
         super().__init__(self_addr, peers, conf)
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
-        journal = self._SyncObj__raftLog
+        owner = self._rc_owner
         # Only once RaftNode._on_tick runs (it creates the pacer), since it does the sync.
-        defer = self._rc_owner._pacer is not None and isinstance(journal, _DurableJournal)
-        if defer:
-            journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
+        journal = owner._journal if owner._pacer is not None else None
+        if journal is None:
+            super()._checkCommandsToApply()
+            return
+        journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
         try:
             super()._checkCommandsToApply()
         finally:
-            if defer:
-                journal.defer = False
+            journal.defer = False
 
     @replicated  # type: ignore[untyped-decorator]
     def _rc_apply(self, payload: bytes) -> Any:
@@ -344,6 +344,7 @@ class RaftNode:
         self._last_keepalive = 0.0
         self._last_tick = time.monotonic()
         self._pacer: _Pacer | None = None
+        self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -372,6 +373,8 @@ class RaftNode:
             # process lived; the state replays them, but a worker must not act
             # on them again (the design's "act only on live entries" rule).
             self._replay_upto = journal[-1][1] if len(journal) else 0
+            if isinstance(journal, _DurableJournal):
+                self._journal = journal
             self._host.addOnTickCallback(self._on_tick)
         except BaseException as exc:  # reported to start()'s caller
             self._start_error = exc
@@ -515,13 +518,11 @@ class RaftNode:
         host = self._host
         if host is None:
             return
-        if self.config.eager_append:
-            if self._pacer is None:
-                self._pacer = _Pacer(host)
-            self._pacer.on_tick()
-        journal = host._SyncObj__raftLog
-        if isinstance(journal, _DurableJournal):
-            journal.sync()  # what this tick appended as leader, before the next tick counts it
+        if self._pacer is None:  # made here: it subscribes to the raft thread's poller
+            self._pacer = _Pacer(host)
+        self._pacer.on_tick()
+        if self._journal is not None:
+            self._journal.sync()  # what this tick appended as leader, before the next tick counts it
         self._excuse_own_stall(host)
         self._keepalive(host)
         st = host.getStatus()

@@ -262,14 +262,10 @@ def _wire_fields(cls: type) -> tuple[tuple[str, str, bool, _Check], ...]:
     return found
 
 
-def _conforms(value: Any, annotation: str) -> bool:
-    """``value`` (as msgpack gives it: lists for tuples) fits the field annotation text."""
-    return _checker(annotation)(value)
-
-
 @functools.cache
 def _checker(annotation: str) -> _Check:
-    """The check for one annotation text, built once (decoding runs on every replica for every entry)."""
+    """Whether a value (as msgpack gives it: lists for tuples) fits one annotation text; built
+    once per text (decoding runs on every replica for every entry)."""
     if " | " in annotation:
         options = tuple(_checker(a) for a in annotation.split(" | "))
         return lambda v: any(c(v) for c in options)

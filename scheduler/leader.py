@@ -136,7 +136,7 @@ class LeaderLoop:
             # O(active attempts): not on every tick. Between scans the picker keeps
             # counting what it hands out, so its load figures stay close.
             live = self.live()
-            active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
+            active = self.state.active_runs()
             self._picker = self.svc.picker(live, active)
             self._scanned = mono
         picker = self._picker

@@ -141,7 +141,7 @@ class Service:
             for n in list(self.state.nodes.values())
         ]
         if active is None:
-            active = [r for rid in list(self.state.active) if (r := self.state.runs.get(rid)) is not None]
+            active = self.state.active_runs()
         load: dict[str, int] = {}
         for run in active:
             if run["node"]:

@@ -149,6 +149,10 @@ class State:
             self._parsed[name] = parsed
         return parsed
 
+    def active_runs(self) -> list[dict[str, Any]]:
+        """The records of the attempts in flight (claimed, running, or waiting for a retry)."""
+        return [r for rid in list(self.active) if (r := self.runs.get(rid)) is not None]
+
     def dependents_of(self, upstream: str) -> list[str]:
         """Jobs whose ``depends_on`` names ``upstream``, in job order (the same on every replica)."""
         if self._dependents is None:
