@@ -88,12 +88,13 @@ class _DurableMeta(MetaStorer):  # type: ignore[misc]
 
 
 class _DurableJournal(FileJournal):  # type: ignore[misc]
-    """A FileJournal that syncs every appended record before pysyncobj goes on.
+    """A FileJournal that syncs appended records before anyone is told of them.
 
     pysyncobj writes the journal through an mmap and never syncs it, so an
     acknowledged entry could vanish with a power loss on a majority. Syncing
-    in ``add`` puts it before the follower's AppendEntries answer and before
-    the leader counts its own copy. ``fdatasync`` on the file (Linux writes a
+    (in ``add``, or once per batch where ``defer`` says) puts it before the
+    follower's AppendEntries answer and before the leader counts its own
+    copy. ``fdatasync`` on the file (Linux writes a
     shared mapping's dirty pages with it) rather than pysyncobj's ``flush``:
     that is ``mmap.flush``, an msync of the whole mapping that holds the GIL
     and so froze the event loop for every entry.
@@ -113,8 +114,10 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         # the same raft tick, after the AppendEntries carrying them went out, so the
         # leader's disk write overlaps the followers' (Raft lets a leader persist in
         # parallel with replication). No message is read in between, and a commit is
-        # counted only at the next tick, after that sync. Every other append (a
-        # follower's, a new leader's no-op) is synced before anything can answer it.
+        # counted only at the next tick, after that sync. A follower's appends from one
+        # AppendEntries are deferred too and synced once, before its answer is sent
+        # (``_Host._SyncObj__sendNextNodeIdx``). Every other append (a new leader's no-op)
+        # is synced at once.
         self.defer = False
 
     def add(self, command: bytes, idx: int, term: int) -> None:
@@ -161,8 +164,9 @@ class _Pacer:
       it had already acknowledged (and applied) included.
     """
 
-    def __init__(self, host: SyncObj) -> None:
+    def __init__(self, host: SyncObj, journal: _DurableJournal | None = None) -> None:
         self._host = host
+        self._journal = journal
         self._notifier = PipeNotifier(host._poller)
         self._sent_commit = 0
         self._forwarded = False  # a follower forwarded a command since the last tick
@@ -204,6 +208,17 @@ class _Pacer:
             kind = message.get("type")
             if kind == "append_entries" and message.get("entries"):
                 message = self._trim(message)
+                journal = self._journal
+                if journal is not None:
+                    # One sync for the whole batch, not one per entry: _Host syncs before
+                    # the answer that acknowledges them goes out, and again here in any case.
+                    journal.defer = True
+                    try:
+                        self._deliver(node, message)
+                    finally:
+                        journal.defer = False
+                        journal.sync()
+                    return
             elif kind == "apply_command":
                 self._forwarded = True
         self._deliver(node, message)
@@ -299,6 +314,15 @@ class _Host(SyncObj):  # type: ignore[misc]
             super()._checkCommandsToApply()
         finally:
             journal.defer = False
+
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,  # noqa: N802, N803
+                                  success: bool = False) -> None:
+        # A follower's answer to AppendEntries: the entries it acknowledges must be on disk
+        # before it leaves (appends inside one message are synced once, see _Pacer.inbound).
+        journal = self._rc_owner._journal
+        if journal is not None:
+            journal.sync()
+        super()._SyncObj__sendNextNodeIdx(node, reset, nextNodeIdx, success)
 
     @replicated  # type: ignore[untyped-decorator]
     def _rc_apply(self, payload: bytes) -> Any:
@@ -519,7 +543,7 @@ class RaftNode:
         if host is None:
             return
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
-            self._pacer = _Pacer(host)
+            self._pacer = _Pacer(host, self._journal)
         self._pacer.on_tick()
         if self._journal is not None:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it

@@ -13,6 +13,7 @@ only when present), the same text ``executors.base.rfc3339`` produces.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
@@ -41,6 +42,19 @@ def parse_duration(value: object) -> float:
     Raises ``ValueError`` for anything else: negative, fractional, empty,
     unknown units, units out of order, booleans, or more than ``MAX_DURATION``.
     """
+    if type(value) is str or type(value) is int:  # not bool (True == 1 as a cache key)
+        return _parse_duration_cached(value)
+    return _parse_duration(value)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _parse_duration_cached(value: str | int) -> float:
+    # Every job document holds several durations, parsed on every replica for every
+    # put; the same few texts come back again and again. Errors are not cached.
+    return _parse_duration(value)
+
+
+def _parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("must be a duration like '90s' or '1h30m', not a boolean")  # noqa: TRY004
     if isinstance(value, float) and value.is_integer():
@@ -65,6 +79,7 @@ def parse_duration(value: object) -> float:
     return float(seconds)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)
 def format_duration(seconds: float) -> str:
     """Canonical text of a whole number of seconds: ``0s``, ``90 -> 1m30s``, ``2d1h``."""
     if not math.isfinite(seconds) or seconds < 0 or not float(seconds).is_integer():

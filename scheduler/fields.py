@@ -16,6 +16,7 @@ Conventions shared by every getter:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -222,9 +223,10 @@ class Fields:
         return self._member(key, value, enum)
 
     def _member(self, key: str | int, value: object, enum: type[E]) -> E | None:
-        for member in enum:
-            if isinstance(value, str) and member.value == value:
-                return member
+        if isinstance(value, str):
+            member = _by_value(enum).get(value)
+            if member is not None:
+                return member  # type: ignore[return-value]
         options = ", ".join(str(e.value) for e in enum)
         self.error(key, f"must be one of {options}, not {value!r}")
         return None
@@ -302,3 +304,9 @@ def _range_message(lo: int | None, hi: int | None) -> str:
     if lo is not None:
         return f"must be at least {lo}"
     return f"must be at most {hi}"
+
+
+@functools.cache
+def _by_value(enum: type[Enum]) -> dict[object, Enum]:
+    """An enum's members by value: a lookup, not a walk over the members (Enum.__iter__ is slow)."""
+    return {member.value: member for member in enum}

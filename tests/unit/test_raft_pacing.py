@@ -206,6 +206,46 @@ def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path,
     reopened._destroy()
 
 
+def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries of one AppendEntries: one fdatasync, done before the answer acknowledging them."""
+    import os
+    from types import SimpleNamespace
+
+    from pysyncobj import SyncObj
+
+    from raftlog import node as node_module
+
+    syncs: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(node_module.os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    answers: list[tuple[int, int, bool]] = []  # (syncs so far, the index acknowledged, dirty then)
+    journal = node_module._DurableJournal(str(tmp_path / "j"))
+    monkeypatch.setattr(SyncObj, "_SyncObj__sendNextNodeIdx",
+                        lambda self, node, reset=False, nextNodeIdx=None, success=False:
+                        answers.append((len(syncs), nextNodeIdx, journal._rc_dirty)))
+    follower = object.__new__(node_module._Host)  # only the answer path of the real class
+    follower._rc_owner = SimpleNamespace(_journal=journal)
+
+    class Follower(FakeHost):
+        def _SyncObj__onMessageReceived(self, node: str, message: Any) -> None:  # noqa: N802
+            for entry in message["entries"]:  # what pysyncobj does with an AppendEntries
+                journal.add(*entry)
+            node_module._Host._SyncObj__sendNextNodeIdx(follower, node, nextNodeIdx=message["entries"][-1][1] + 1,
+                                                      success=True)
+
+    journal.add(b"c1", 1, 2)
+    syncs.clear()
+    host = Follower(journal)  # type: ignore[arg-type]
+    _Pacer(host, journal)
+    host._SyncObj__transport.callback("leader", append(1, 2, entries(2, 40, 2)))
+    assert answers == [(1, 41, False)]  # one sync for 39 entries, and it came before the answer
+    assert len(syncs) == 1 and not journal._rc_dirty
+    reopened = node_module._DurableJournal(str(tmp_path / "j"))
+    assert [e[1] for e in reopened] == list(range(1, 41))
+    journal._destroy()
+    reopened._destroy()
+
+
 def test_term_and_vote_are_stored_synced_and_renamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
