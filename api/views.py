@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
-from scheduler.planner import from_us, next_slot_us
+from scheduler.planner import from_us, upcoming
 from scheduler.state import State
 
 __all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
@@ -36,19 +37,11 @@ def run_view(run: dict[str, Any], *, output: bool = True) -> dict[str, Any]:
     return view
 
 
-def next_slots(state: State, name: str, now_us: int, count: int = 5) -> list[int]:
+def next_slots(state: State, name: str, now_us: int, count: int = 5) -> list[datetime]:
     job, rec = state.job(name), state.jobs.get(name)
     if job is None or rec is None or job.paused:
         return []
-    out: list[int] = []
-    cursor = max(now_us, rec["last_slot_us"] or rec["created_us"])
-    while len(out) < count:
-        s = next_slot_us(job, rec["created_us"], cursor)
-        if s is None:
-            break
-        out.append(s)
-        cursor = s
-    return out
+    return upcoming(job, rec["created_us"], max(now_us, rec["last_slot_us"] or rec["created_us"]), count)
 
 
 def job_view(state: State, name: str, now_us: int) -> dict[str, Any] | None:
@@ -63,7 +56,7 @@ def job_view(state: State, name: str, now_us: int) -> dict[str, Any] | None:
         "status": {
             "paused": bool(rec["spec"].get("paused")), "pause_note": rec.get("pause_note"),
             "last_run": run_view(last, output=False) if last else None,
-            "next_slots": [iso(s) for s in next_slots(state, name, now_us)],
+            "next_slots": [format_instant(s) for s in next_slots(state, name, now_us)],
             "consecutive_failures": rec["consecutive_failures"],
             "missed_total": rec["missed_total"], "last_decided_slot": iso(rec["last_slot_us"]),
         },

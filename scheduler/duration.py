@@ -135,8 +135,5 @@ def format_instant(t: datetime) -> str:
     """``2026-12-01T10:00:00Z``; ``.ffffffZ`` only when there are microseconds."""
     if t.tzinfo is None:
         raise ValueError("naive datetime: instants must be aware")
-    t = t.astimezone(UTC)
-    text = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
-    if t.microsecond:
-        text += f".{t.microsecond:06d}"
-    return text + "Z"
+    # isoformat writes the fraction only when there are microseconds, as we want
+    return t.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"

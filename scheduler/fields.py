@@ -295,7 +295,7 @@ class Fields:
             member = self._member(join(key, i), item, enum)
             if member is not None:
                 found.add(member)
-        return tuple(e for e in enum if e in found)
+        return tuple(e for e in _by_value(enum).values() if e in found)
 
 
 def _range_message(lo: int | None, hi: int | None) -> str:
@@ -308,5 +308,6 @@ def _range_message(lo: int | None, hi: int | None) -> str:
 
 @functools.cache
 def _by_value(enum: type[Enum]) -> dict[object, Enum]:
-    """An enum's members by value: a lookup, not a walk over the members (Enum.__iter__ is slow)."""
+    """An enum's members by value, in declaration order: a lookup, not a walk over the
+    members (Enum.__iter__ is slow)."""
     return {member.value: member for member in enum}

@@ -29,7 +29,7 @@ from typing import Any
 from .commands import Claim
 from .model import Job
 
-__all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "due_retries",
+__all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "upcoming", "due_retries",
            "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
 
 UTC = UTC
@@ -120,6 +120,22 @@ def next_slot_us(job: Job, anchor_us: int, after_us: int) -> int | None:
     if slot is None or (job.ends_at is not None and slot > job.ends_at):
         return None
     return us(slot)
+
+
+def upcoming(job: Job, anchor_us: int, after_us: int, count: int) -> list[datetime]:
+    """The next ``count`` slots of ``job`` after ``after_us`` (fewer if the schedule ends):
+    ``next_slot_us`` walked without leaving datetimes between steps."""
+    after = from_us(after_us)
+    if job.starts_at is not None and after < job.starts_at:
+        after = job.starts_at - _ONE_US
+    anchor, tz, out = from_us(anchor_us), job.tz, []
+    while len(out) < count:
+        slot = job.schedule.next_after(after, tz, anchor)
+        if slot is None or (job.ends_at is not None and slot > job.ends_at):
+            break
+        out.append(slot)
+        after = slot
+    return out
 
 
 def decides_ahead(job: Job) -> bool:

@@ -62,9 +62,20 @@ class Service:
 
     # ---- proposing -------------------------------------------------------------
 
-    async def propose(self, cmd: Command, *, attempts: int = 3, timeout: float | None = None) -> tuple[Any, bool]:
-        """Commit ``cmd``; returns (result, retried_after_unknown_outcome)."""
+    async def propose(self, cmd: Command, *, attempts: int = 3, timeout: float | None = None,
+                      parsed: Job | None = None) -> tuple[Any, bool]:
+        """Commit ``cmd``; returns (result, retried_after_unknown_outcome). ``parsed``: the job
+        a ``PutJob`` carries, already parsed here (State.offer)."""
         raw = encode_command(cmd)
+        if parsed is not None:
+            self.state.offer(raw, parsed)
+        try:
+            return await self._propose(raw, attempts, timeout)
+        finally:
+            if parsed is not None:
+                self.state.withdraw(raw)
+
+    async def _propose(self, raw: bytes, attempts: int, timeout: float | None) -> tuple[Any, bool]:
         retried = False
         for attempt in range(attempts):
             try:
@@ -114,7 +125,7 @@ class Service:
 
     async def put_job(self, job: Job, *, create_only: bool = False) -> dict[str, Any]:
         cmd = PutJob(at_us=self.now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
-        result, retried = await self.propose(cmd)
+        result, retried = await self.propose(cmd, parsed=job)
         if isinstance(result, Rejected):
             rec = self.state.jobs.get(job.name)
             if retried and result.code == "conflict" and rec is not None and rec["spec"] == cmd.spec:

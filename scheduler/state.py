@@ -77,10 +77,24 @@ class State:
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
+        self._offered: dict[bytes, Job] = {}  # see offer()
+        self._offer: Job | None = None  # the offered parse for the entry being applied
 
     # ---- the entry point ---------------------------------------------------
 
+    def offer(self, raw: bytes, job: Job) -> None:
+        """This replica's own parse of the job in a ``PutJob`` it proposes (``raw``: the encoded
+        command, whose spec is ``job.to_doc()``). Applying those exact bytes here uses it instead
+        of parsing the document a second time. Parsing is pure and ``parse_job(job.to_doc())
+        == job`` (tests/unit/test_model.py), so apply decides the same either way; the other
+        replicas parse. The proposer withdraws the offer once its proposal ends."""
+        self._offered[raw] = job
+
+    def withdraw(self, raw: bytes) -> None:
+        self._offered.pop(raw, None)
+
     def apply(self, raw: bytes, ctx: ApplyContext) -> Applied | Rejected:
+        self._offer = self._offered.pop(raw, None) if self._offered else None
         try:
             cmd = decode_command(raw)
         except CodecError as exc:
@@ -165,11 +179,15 @@ class State:
         return self._dependents.get(upstream, [])
 
     def _put_job(self, cmd: PutJob) -> Any:
-        try:
-            job = parse_job(cmd.spec)
-        except ValidationFailed as exc:
-            return Rejected("invalid", exc.message)
-        spec = job.to_doc()
+        job, self._offer = self._offer, None
+        if job is not None:
+            spec = cmd.spec  # the offer's own to_doc(), as encoded (see offer)
+        else:
+            try:
+                job = parse_job(cmd.spec)
+            except ValidationFailed as exc:
+                return Rejected("invalid", exc.message)
+            spec = job.to_doc()
         old = self.jobs.get(job.name)
         if cmd.expect_version == 0 and old is not None:
             return Rejected("conflict", f"a job named {job.name!r} exists already")

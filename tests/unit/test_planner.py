@@ -11,6 +11,7 @@ from raftlog.fsm import ApplyContext
 from scheduler.commands import ClaimSlots, PutJob, RegisterNode, encode_command
 from scheduler.model import Job, parse_job
 from scheduler.planner import (
+    upcoming,
     JobPlan,
     NodeInfo,
     Picker,
@@ -231,6 +232,20 @@ def test_every_schedules_are_anchored_to_the_creation() -> None:
     p = plan(job, None, t(12, 0, 30), created=t(11, 56, 10))
     assert [c.slot_us for c in p.claims] == [t(11, 57, 40), t(11, 59, 10)]
     assert next_slot_us(job, t(11, 56, 10), t(11, 59, 10)) == t(12, 0, 40)
+
+
+@pytest.mark.parametrize("schedule", ["0 3 * * *", "*/7 * * * *", "30 2 * * *", "@every 90s", "@at 2026-03-05T00:00:00Z",
+                                      "@manually", "0 0 29 2 *"])
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "America/New_York"])
+@pytest.mark.parametrize("window", [{}, {"starts_at": "2026-06-01T00:00:00Z"}, {"ends_at": "2026-03-10T00:00:00Z"}])
+def test_upcoming_walks_what_next_slot_us_steps(schedule: str, zone: str, window: dict[str, str]) -> None:
+    """The job view's next slots (upcoming) are next_slot_us applied again and again."""
+    job = make_job(schedule=schedule, timezone=zone, **window)
+    anchor, after = t(11, 56, 10), t(12, 0, 30, day=datetime(2026, 3, 1, tzinfo=UTC))
+    stepped: list[int] = []
+    while len(stepped) < 6 and (s := next_slot_us(job, anchor, stepped[-1] if stepped else after)) is not None:
+        stepped.append(s)
+    assert [us(x) for x in upcoming(job, anchor, after, 6)] == stepped
 
 
 # ---- targets ---------------------------------------------------------------------------------

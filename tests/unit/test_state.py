@@ -406,3 +406,33 @@ def test_apply_never_raises_and_applied_index_follows(h: Any) -> None:
         assert h.state.applied_index == h.index
     out = h.apply(Noop(at_us=T0))
     assert isinstance(out, Applied) and out.index == h.index
+
+
+def test_the_proposers_own_parse_is_used_and_decides_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """State.offer: the node that proposed a PutJob applies it without parsing the document
+    again; its state (snapshot bytes, the parsed job, the answer) equals a replica's that parsed."""
+    import scheduler.state as state_module
+    from scheduler.model import parse_job
+
+    parses: list[str] = []
+    real = state_module.parse_job
+    monkeypatch.setattr(state_module, "parse_job", lambda doc: (parses.append(doc["name"]), real(doc))[1])
+    doc = {"name": "nightly", "schedule": "0 3 * * *", "executor": "http", "timezone": "Europe/Berlin",
+           "http": {"url": "http://127.0.0.1:9/x", "headers": {"B": "2", "A": "1"}}, "retries": {"max": 2}}
+    proposer, replica = State(), State()
+    for n, version_doc in enumerate([doc, {**doc, "description": "changed"}]):
+        job = parse_job(version_doc, name="nightly")
+        raw = encode_command(PutJob(at_us=T0 + n * SEC, spec=job.to_doc(), expect_version=None))
+        proposer.offer(raw, job)
+        ctx = ApplyContext(index=n + 1, replay=False)
+        mine, theirs = proposer.apply(raw, ctx), replica.apply(raw, ctx)
+        proposer.withdraw(raw)
+        assert isinstance(mine, Applied) and isinstance(theirs, Applied) and mine.result == theirs.result
+        assert proposer.job("nightly") == replica.job("nightly")
+    assert parses == ["nightly", "nightly"]  # the replica's two; none by the proposer
+    assert proposer.snapshot_bytes() == replica.snapshot_bytes()
+    # Bytes it did not offer (or offered and withdrew) are parsed as on any replica.
+    other = parse_job({**doc, "name": "other"})
+    raw = encode_command(PutJob(at_us=T0 + 5 * SEC, spec=other.to_doc(), expect_version=None))
+    proposer.apply(raw, ApplyContext(index=3, replay=False))
+    assert parses[-1] == "other"
