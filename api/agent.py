@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from raftlog import ApplyContext, Bridge, MissingSecret, NodeConfig, RaftNode
+from raftlog.bridge import Relay
 from scheduler.alert_sender import AlertSender
 from scheduler.clock import SystemClock
 from scheduler.commands import RegisterNode
@@ -133,6 +134,7 @@ class Agent:
         self.clock = SystemClock()
         self.state = State()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.relay: Relay | None = None
         self.node: RaftNode | None = None
         self.leader: LeaderLoop | None = None
         self._leader_task: asyncio.Task[None] | None = None
@@ -145,13 +147,10 @@ class Agent:
     # ---- raft thread -> event loop ----------------------------------------------------
 
     def _on_applied(self, ctx: ApplyContext, result: Any) -> None:
-        loop = self.loop
-        if loop is None or not isinstance(result, Applied):
+        relay = self.relay
+        if relay is None or self.loop is None or not isinstance(result, Applied):
             return
-        try:
-            loop.call_soon_threadsafe(self._dispatch, result, ctx.replay)
-        except RuntimeError:
-            pass  # loop closed during shutdown
+        relay.post(self._dispatch, result, ctx.replay)
 
     def _dispatch(self, applied: Applied, replay: bool) -> None:
         if self.metrics is not None:
@@ -165,6 +164,9 @@ class Agent:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        # One queue for applied entries and settled submits: they reach the loop in the
+        # order the raft thread produced them.
+        self.relay = Relay(self.loop)
         c = self.cfg
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
@@ -173,7 +175,7 @@ class Agent:
         )
         await asyncio.to_thread(node.start)
         self.node = node
-        service = Service(self.state, node, Bridge(node, self.loop), self.clock, c.node_id)
+        service = Service(self.state, node, Bridge(node, self.loop, self.relay), self.clock, c.node_id)
         self.service = service
         self.worker = Worker(service, self.clock, {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)},
                              lease=c.lease)

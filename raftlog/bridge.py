@@ -1,7 +1,7 @@
 """submit(bytes) -> awaitable result, without ever blocking the event loop.
 
 pysyncobj calls back on its raft thread; the callback only schedules the
-future's completion on the loop (``call_soon_threadsafe``). Every submit has a
+future's completion on the loop (through a ``Relay``). Every submit has a
 deadline: a callback can be stranded (a snapshot install skipped the entry, a
 leader vanished), and then the outcome is unknown, which is why every command
 we submit is idempotent.
@@ -16,11 +16,16 @@ Errors:
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from .node import FAIL_REASON, RaftNode
 
-__all__ = ["Bridge", "SubmitError", "NotCommitted", "UnknownOutcome"]
+__all__ = ["Bridge", "Relay", "SubmitError", "NotCommitted", "UnknownOutcome"]
+
+log = logging.getLogger("raftcron.bridge")
 
 _NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 _NOT_COMMITTED = {FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL, FAIL_REASON.DISCARDED, FAIL_REASON.REQUEST_DENIED}
@@ -47,10 +52,47 @@ def _error_for(code: int) -> SubmitError:
     return UnknownOutcome(name, f"outcome unknown: {name.lower().replace('_', ' ')}")
 
 
+class Relay:
+    """Calls from any thread run on the event loop, in the order posted, one wake-up per batch.
+
+    ``call_soon_threadsafe`` writes to the loop's wake-up pipe on every call; the raft
+    thread hands over one call per applied entry and one per settled submit, hundreds to
+    thousands a second under load, and each was a system call and a wake-up. Here a call
+    is queued, and the loop is woken only when no drain is already pending.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._pending = False
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._calls.append((fn, args))
+        if not self._pending:
+            self._pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+    def _drain(self) -> None:
+        # Cleared before taking calls: a call queued after this line either is taken by
+        # this drain or finds no drain pending and schedules the next one.
+        self._pending = False
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - one failing call must not strand the ones after it
+                log.exception("call from the raft thread failed: %r", fn)
+
+
 class Bridge:
-    def __init__(self, node: RaftNode, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, node: RaftNode, loop: asyncio.AbstractEventLoop, relay: Relay | None = None) -> None:
         self._node = node
         self._loop = loop
+        self._relay = relay or Relay(loop)
 
     def _future(self) -> tuple[asyncio.Future[Any], Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -64,10 +106,7 @@ class Bridge:
                 fut.set_exception(_error_for(err))
 
         def callback(result: Any, err: int) -> None:  # raft thread
-            try:
-                self._loop.call_soon_threadsafe(settle, result, err)
-            except RuntimeError:
-                pass  # the loop is closed: nobody waits any more
+            self._relay.post(settle, result, err)
 
         return fut, callback
 

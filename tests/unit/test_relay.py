@@ -1,0 +1,58 @@
+"""raftlog.bridge.Relay: calls from the raft thread reach the loop in order, woken once per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from raftlog.bridge import Relay
+
+
+async def test_calls_from_another_thread_run_in_order_with_few_wake_ups(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    wakes: list[Any] = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda fn, *a: (wakes.append(fn), real(fn, *a))[1])
+    relay = Relay(loop)
+    seen: list[int] = []
+    done = asyncio.Event()
+    n = 5000
+
+    def note(i: int) -> None:
+        seen.append(i)
+        if i == n - 1:
+            done.set()
+
+    producer = threading.Thread(target=lambda: [relay.post(note, i) for i in range(n)])
+    producer.start()
+    await asyncio.wait_for(done.wait(), 10)
+    producer.join()
+    assert seen == list(range(n))
+    assert 1 <= len(wakes) < n  # batches, not one wake-up per call
+
+
+async def test_a_failing_call_does_not_strand_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    relay = Relay(asyncio.get_running_loop())
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    relay.post(seen.append, "a")
+    relay.post(boom)
+    relay.post(seen.append, "b")
+    for _ in range(100):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == ["a", "b"]
+    assert "boom" in caplog.text
+
+
+def test_posting_to_a_closed_loop_is_ignored() -> None:
+    loop = asyncio.new_event_loop()
+    loop.close()
+    Relay(loop).post(print, "never")  # no raise: nobody waits any more
