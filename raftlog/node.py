@@ -474,6 +474,11 @@ class RaftNode:
 
     def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
         fsm_bytes, last, prev, cluster = read_snapshot(path)
+        # The snapshot names every member, this node included, as an address. pysyncobj drops
+        # its own node from that list by comparing Node objects, which never equal our strings:
+        # a node restarted from a snapshot then counted itself among its peers, needed three
+        # votes of four to win an election and could not be elected by one other survivor.
+        cluster = [member for member in cluster if member != self.config.raft_addr]
         self._fsm.restore(fsm_bytes)
         log.info("state restored from snapshot at index %d", last[1])
         if self._on_restored is not None:

@@ -98,3 +98,24 @@ def test_wrong_secret_cannot_join_and_says_why(make_cluster) -> None:  # type: i
     assert body["leader"] is None
     assert "secret-test" not in _names(bad)
     assert bad.get("/v1/jobs").get("items") == []
+
+
+def test_survivors_restarted_from_snapshots_elect_a_leader(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Kill -9 the leader three times, restarting each; after a compaction every restarted
+    node comes back from its snapshot, and two such nodes must still elect one of them."""
+    c: Cluster = make_cluster(3, extra=["--compaction-entries", "40"])
+    for i in range(60):
+        c.put_job(_job(f"j{i}"))
+    wait_for("a snapshot on every node", lambda: all(n.get("/v1/cluster")["last_snapshot_index"] > 0 for n in c.nodes), 20)
+    restarted: list[str] = []
+    for round_ in range(3):
+        leader = c.leader()
+        leader.kill9()
+        survivors = [n for n in c.nodes if n is not leader]
+        new = c.leader(timeout=15, among=survivors)  # before the killed node is back
+        assert new is not leader
+        c.put_job(_job(f"after-kill-{round_}"), via=new)
+        leader.start()
+        restarted.append(leader.name)
+        c.leader(timeout=20)
+    assert len(set(restarted)) >= 2
