@@ -128,7 +128,8 @@ def upcoming(job: Job, anchor_us: int, after_us: int, count: int) -> list[dateti
     after = from_us(after_us)
     if job.starts_at is not None and after < job.starts_at:
         after = job.starts_at - _ONE_US
-    anchor, tz, out = from_us(anchor_us), job.tz, []
+    anchor, tz = from_us(anchor_us), job.tz
+    out: list[datetime] = []
     while len(out) < count:
         slot = job.schedule.next_after(after, tz, anchor)
         if slot is None or (job.ends_at is not None and slot > job.ends_at):

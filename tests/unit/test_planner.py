@@ -11,7 +11,6 @@ from raftlog.fsm import ApplyContext
 from scheduler.commands import ClaimSlots, PutJob, RegisterNode, encode_command
 from scheduler.model import Job, parse_job
 from scheduler.planner import (
-    upcoming,
     JobPlan,
     NodeInfo,
     Picker,
@@ -22,11 +21,11 @@ from scheduler.planner import (
     from_us,
     next_slot_us,
     plan_job,
+    upcoming,
     us,
 )
 from scheduler.state import Applied, State
 
-UTC = UTC
 CFG = PlanConfig()  # horizon 2s, late grace 2s, 50 records, start deadline 10s, lease grace 2s
 SEC = 1_000_000
 MIN = 60 * SEC
