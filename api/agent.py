@@ -148,7 +148,7 @@ class Agent:
 
     def _on_applied(self, ctx: ApplyContext, result: Any) -> None:
         relay = self.relay
-        if relay is None or self.loop is None or not isinstance(result, Applied):
+        if relay is None or not isinstance(result, Applied):
             return
         relay.post(self._dispatch, result, ctx.replay)
 

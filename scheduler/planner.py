@@ -113,18 +113,13 @@ class Picker:
 
 def next_slot_us(job: Job, anchor_us: int, after_us: int) -> int | None:
     """The first slot of ``job`` strictly after ``after_us``, inside starts_at/ends_at."""
-    after = from_us(after_us)
-    if job.starts_at is not None and after < job.starts_at:
-        after = job.starts_at - _ONE_US
-    slot = job.schedule.next_after(after, job.tz, from_us(anchor_us))
-    if slot is None or (job.ends_at is not None and slot > job.ends_at):
-        return None
-    return us(slot)
+    slots = upcoming(job, anchor_us, after_us, 1)
+    return us(slots[0]) if slots else None
 
 
 def upcoming(job: Job, anchor_us: int, after_us: int, count: int) -> list[datetime]:
-    """The next ``count`` slots of ``job`` after ``after_us`` (fewer if the schedule ends):
-    ``next_slot_us`` walked without leaving datetimes between steps."""
+    """The next ``count`` slots of ``job`` strictly after ``after_us``, inside starts_at/ends_at
+    (fewer if the schedule ends first)."""
     after = from_us(after_us)
     if job.starts_at is not None and after < job.starts_at:
         after = job.starts_at - _ONE_US

@@ -181,10 +181,9 @@ class Schedule:
         return slots
 
     def _next_cron(self, after: datetime, tz: tzinfo) -> datetime | None:
-        assert self._cron is not None
-        if self._wall is not None and _is_utc(tz):
+        if _is_utc(tz):
             # No transitions: no gap, no repeated hour, the wall clock is the instant.
-            found = self._wall.next_after(after.replace(tzinfo=None))
+            found = self._next_wall(after.replace(tzinfo=None))
             return None if found is None else found.replace(tzinfo=UTC)
         local = after.astimezone(tz)
         wall = local.replace(tzinfo=None, fold=0)
@@ -193,23 +192,25 @@ class Schedule:
             # left in it was already run at its first occurrence, so resume at
             # the end of the repeat.
             wall = _overlap_end_wall(after, local, tz) - timedelta(seconds=1)
-        it = copy.copy(self._cron) if self._wall is None else None
         for _ in range(_MAX_STEPS):
-            if it is None:
-                assert self._wall is not None
-                found = self._wall.next_after(wall)
-                if found is None:
-                    return None
-                wall = found
-            else:
-                try:
-                    wall = it.get_next(datetime, start_time=wall)
-                except (CroniterBadDateError, OverflowError, ValueError):
-                    return None
+            found = self._next_wall(wall)
+            if found is None:
+                return None
+            wall = found
             slot = _wall_to_utc(wall, tz)
             if slot > after:
                 return slot
         raise RuntimeError(f"no slot of {self.expr!r} found after {after.isoformat()}")
+
+    def _next_wall(self, wall: datetime) -> datetime | None:
+        """The first matching wall time strictly after ``wall`` (naive), or None."""
+        if self._wall is not None:
+            return self._wall.next_after(wall)
+        assert self._cron is not None
+        try:
+            return copy.copy(self._cron).get_next(datetime, start_time=wall)  # type: ignore[no-any-return]
+        except (CroniterBadDateError, OverflowError, ValueError):
+            return None
 
 
 def parse_schedule(expr: str) -> Schedule:

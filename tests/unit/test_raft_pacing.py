@@ -176,14 +176,22 @@ def test_a_followers_own_long_tick_pushes_its_election_deadline_past_it(
         assert host._SyncObj__raftElectionDeadline == before - 0.1
 
 
-def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every fdatasync raftlog.node makes (still done), as the file descriptors it was given."""
     import os
 
     from raftlog import node as node_module
 
-    syncs: list[int] = []
+    seen: list[int] = []
     real = os.fdatasync
-    monkeypatch.setattr(node_module.os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    monkeypatch.setattr(node_module.os, "fdatasync", lambda fd: (seen.append(fd), real(fd)))
+    return seen
+
+
+def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path, syncs: list[int]) -> None:
+    from raftlog import node as node_module
+
     journal = node_module._DurableJournal(str(tmp_path / "j"))
     journal.add(b"a", 1, 1)
     assert len(syncs) == 1  # a follower's append: synced before it can be acknowledged
@@ -206,18 +214,15 @@ def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path,
     reopened._destroy()
 
 
-def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               syncs: list[int]) -> None:
     """Entries of one AppendEntries: one fdatasync, done before the answer acknowledging them."""
-    import os
     from types import SimpleNamespace
 
     from pysyncobj import SyncObj
 
     from raftlog import node as node_module
 
-    syncs: list[int] = []
-    real = os.fdatasync
-    monkeypatch.setattr(node_module.os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
     answers: list[tuple[int, int, bool]] = []  # (syncs so far, the index acknowledged, dirty then)
     journal = node_module._DurableJournal(str(tmp_path / "j"))
     monkeypatch.setattr(SyncObj, "_SyncObj__sendNextNodeIdx",
