@@ -17,7 +17,7 @@ from aiohttp import web
 
 from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthorized, Unavailable
 
-from .context import ApiContext
+from .context import CTX, ApiContext
 from .routes import cluster, jobs, metrics, runs, ui
 from .routing import Route, openapi, parse_params
 from .schemas import COMPONENTS
@@ -25,7 +25,6 @@ from .schemas import COMPONENTS
 __all__ = ["create_app", "CTX", "ROUTES", "openapi_document", "VERSION"]
 
 log = logging.getLogger("raftcron.api")
-CTX = web.AppKey("ctx", ApiContext)
 ROUTE = web.AppKey("route_of", dict)
 VERSION = "0.1.0"
 

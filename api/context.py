@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from raftlog.node import RaftNode
 from scheduler.service import Service
 from scheduler.state import State
@@ -37,3 +39,7 @@ class ApiContext:
     @property
     def node(self) -> RaftNode:
         return self.service.node
+
+
+CTX = web.AppKey("ctx", ApiContext)
+"""Where the application keeps its ApiContext."""

@@ -89,6 +89,7 @@ class Metrics:
                                   ("job",), buckets=DURATION_BUCKETS, registry=r)
         self.api = Histogram(PREFIX + "api_request_duration_seconds", "API handler latency by route and method",
                              ("route", "method"), buckets=API_BUCKETS, registry=r)
+        self._api_children: dict[tuple[str, str], Histogram] = {}
         r.register(_ScrapeCollector(self))
         self._last_term: int | None = None
 
@@ -104,7 +105,10 @@ class Metrics:
 
     def observe_api(self, route: str, method: str, seconds: float) -> None:
         """Called by the app for each request a route handled (unmatched paths are not: unbounded labels)."""
-        self.api.labels(route, method).observe(seconds)
+        child = self._api_children.get((route, method))
+        if child is None:  # labels() validates and locks on every call; routes are a fixed few
+            child = self._api_children[(route, method)] = self.api.labels(route, method)
+        child.observe(seconds)
 
     def alert_delivered(self, outcome: str) -> None:
         """For the alerts module: one delivery attempt ended with ``outcome`` (e.g. delivered, failed)."""

@@ -5,8 +5,9 @@ are all built from the same ``Route`` table, so they cannot disagree.
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -89,15 +90,21 @@ def _coerce(p: Param, raw: str, problems: list[dict[str, str]]) -> Any:
     return raw
 
 
+_NO_QUERY: Mapping[str, str] = MappingProxyType({})
+
+
 def parse_params(request: web.Request, route: Route) -> dict[str, Any]:
     problems: list[dict[str, str]] = []
     args: dict[str, Any] = {}
-    known = {p.name for p in route.params if p.where == "query"}
-    for key in request.query:
-        if key not in known:
-            problems.append({"field": f"query.{key}", "message": "unknown query parameter"})
+    # Without a query string, no need to parse one (most writes have none).
+    query = request.query if request.query_string else _NO_QUERY
+    if query:
+        known = {p.name for p in route.params if p.where == "query"}
+        for key in query:
+            if key not in known:
+                problems.append({"field": f"query.{key}", "message": "unknown query parameter"})
     for p in route.params:
-        raw = request.match_info.get(p.name) if p.where == "path" else request.query.get(p.name)
+        raw = request.match_info.get(p.name) if p.where == "path" else query.get(p.name)
         if raw is None:
             if p.required:
                 problems.append({"field": f"{p.where}.{p.name}", "message": "is required"})

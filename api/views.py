@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
-from scheduler.planner import from_us, upcoming
+from scheduler.planner import upcoming
 from scheduler.state import State
 
 __all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
 
 
 def iso(v: int | None) -> str | None:
-    return None if v is None else format_instant(from_us(v))
+    """Integer microseconds since the epoch as ``format_instant`` writes them (straight from
+    the integer: a few views of this per write)."""
+    return None if v is None else (_NAIVE_EPOCH + timedelta(microseconds=v)).isoformat() + "Z"
+
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)
 
 
 def run_view(run: dict[str, Any], *, output: bool = True) -> dict[str, Any]:

@@ -54,6 +54,8 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=1000, help="runs mode: jobs (= runs per second)")
     p.add_argument("--rate-hz", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--inflight", type=int, default=64, help="writes mode: requests in flight (1: sequential)")
+    p.add_argument("--blocking", action="store_true",
+                   help="pause each agent while sampling it: exact stacks, but the agents run slower")
     a = p.parse_args()
     if shutil.which("py-spy") is None:
         raise SystemExit("py-spy not found: pip install py-spy")
@@ -68,7 +70,7 @@ def main() -> None:
                 time.sleep(5)
             outs = {n.name + ("-leader" if n is leader else ""): RESULTS / f"profile-{a.load}-{n.name}.txt" for n in cluster.nodes}
             spies = [subprocess.Popen(["py-spy", "record", "-p", str(n.proc.pid), "-d", str(int(a.seconds)), "-r", str(a.rate_hz),
-                                       "-f", "raw", "--gil", "--nonblocking", "-o", str(out)],
+                                       "-f", "raw", "--gil", *([] if a.blocking else ["--nonblocking"]), "-o", str(out)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                      for n, out in zip(cluster.nodes, outs.values(), strict=False) if n.proc is not None]
             with CpuMeter(cluster) as cpu:

@@ -93,6 +93,7 @@ class Bridge:
         self._node = node
         self._loop = loop
         self._relay = relay or Relay(loop)
+        self._deadlines = _Deadlines(loop)
 
     def _future(self) -> tuple[asyncio.Future[Any], Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -125,9 +126,44 @@ class Bridge:
         self._node.remove_member(raft_addr, callback)
         await self._wait(fut, timeout)
 
-    @staticmethod
-    async def _wait(fut: asyncio.Future[Any], timeout: float) -> Any:
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError as exc:
-            raise UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s") from exc
+    async def _wait(self, fut: asyncio.Future[Any], timeout: float) -> Any:
+        self._deadlines.add(fut, timeout)
+        return await fut
+
+
+class _Deadlines:
+    """What ``asyncio.wait_for`` does for each submit, done by one sweep for all of them.
+
+    wait_for costs a waiter future and a timer per call; each timer is pushed on the loop's
+    heap with Python-level comparisons, cancelled, and later cleared by a rebuild of that
+    heap, on the path of every write. Here a submit is one list entry, and a sweep every ``TICK`` seconds
+    while any is pending fails the overdue ones with ``UnknownOutcome`` (at most ``TICK``
+    late) and forgets the settled. Cancelling the awaiting task cancels its future, as
+    with wait_for; a late result then finds it done.
+    """
+
+    TICK = 0.1
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: list[tuple[float, float, asyncio.Future[Any]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, fut: asyncio.Future[Any], timeout: float) -> None:
+        self._items.append((self._loop.time() + timeout, timeout, fut))
+        if self._timer is None:
+            self._timer = self._loop.call_later(self.TICK, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self._loop.time()
+        pending = []
+        for item in self._items:
+            deadline, timeout, fut = item
+            if fut.done():
+                continue
+            if deadline <= now:
+                fut.set_exception(UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s"))
+                continue
+            pending.append(item)
+        self._items = pending
+        self._timer = self._loop.call_later(self.TICK, self._sweep) if pending else None

@@ -167,7 +167,8 @@ class _Pacer:
     def __init__(self, host: SyncObj, journal: _DurableJournal | None = None) -> None:
         self._host = host
         self._journal = journal
-        self._notifier = PipeNotifier(host._poller)
+        self._notifier = PipeNotifier(host._poller, callback=self._woken)
+        self._wake_pending = False
         self._sent_commit = 0
         self._forwarded = False  # a follower forwarded a command since the last tick
         self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
@@ -175,10 +176,19 @@ class _Pacer:
         host._SyncObj__transport.setOnMessageReceivedCallback(self.inbound)
 
     def wake(self) -> None:
+        # One pipe write per wake-up, not per submit: the flag is cleared on the raft thread
+        # after it drained the pipe, in the poll that ends a tick; a command queued before
+        # that is taken by the next tick's _checkCommandsToApply, one queued after writes.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             self._notifier.notify()
         except BlockingIOError:  # the pipe is full: a wake-up is already pending
             pass
+
+    def _woken(self) -> None:
+        self._wake_pending = False
 
     def on_tick(self) -> None:
         host = self._host

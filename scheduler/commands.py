@@ -197,13 +197,13 @@ COMMANDS: dict[str, type[Command]] = {
 
 def encode_command(cmd: Command) -> bytes:
     data: dict[str, Any] = {}
-    for f in fields(cmd):
-        value = getattr(cmd, f.name)
-        if f.name == "claims":
+    for name, *_ in _wire_fields(type(cmd)):
+        value = getattr(cmd, name)
+        if name == "claims":
             value = [c.to_wire() for c in value]
         elif isinstance(value, tuple):
             value = list(value)
-        data[f.name] = value
+        data[name] = value
     return encode(cmd.TAG, data)
 
 
@@ -262,6 +262,9 @@ def _wire_fields(cls: type) -> tuple[tuple[str, str, bool, _Check], ...]:
     return found
 
 
+_JUST_STR = frozenset({str})  # msgpack gives map keys as exact str
+
+
 @functools.cache
 def _checker(annotation: str) -> _Check:
     """Whether a value (as msgpack gives it: lists for tuples) fits one annotation text; built
@@ -285,5 +288,7 @@ def _checker(annotation: str) -> _Check:
     if annotation.startswith("dict[") and annotation.endswith("]"):
         key_text, _, item_text = annotation[len("dict["):-1].partition(", ")
         key, item = _checker(key_text), _checker(item_text)
+        if key_text == "str" and item_text == "Any":  # a job document: only its keys are checked here
+            return lambda v: isinstance(v, dict) and {*map(type, v)} <= _JUST_STR
         return lambda v: isinstance(v, dict) and all(key(k) and item(x) for k, x in v.items())
     raise TypeError(f"no wire check for annotation {annotation!r}")  # a new field type: extend _checker

@@ -135,5 +135,11 @@ def format_instant(t: datetime) -> str:
     """``2026-12-01T10:00:00Z``; ``.ffffffZ`` only when there are microseconds."""
     if t.tzinfo is None:
         raise ValueError("naive datetime: instants must be aware")
-    # isoformat writes the fraction only when there are microseconds, as we want
-    return t.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+    return _format_utc(t.astimezone(UTC))
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_utc(t: datetime) -> str:
+    # Cached: a job view shows its next five slots, and jobs sharing a schedule share them.
+    # isoformat writes the fraction only when there are microseconds, as we want.
+    return t.replace(tzinfo=None).isoformat() + "Z"

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from enum import Enum
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from scheduler.duration import parse_duration, parse_instant
 from scheduler.errors import FieldError
@@ -76,7 +76,9 @@ class Fields:
         self.data = data
         self.path = path
         self.problems = problems
-        allowed = set(known)
+        allowed = _key_set(known if isinstance(known, tuple) else tuple(known))
+        if allowed.issuperset(data):
+            return  # the usual case, in one C call: every key a known field name
         for key in data:
             if not isinstance(key, str):
                 problems.add(join(path, str(key)), "keys must be strings")
@@ -88,7 +90,7 @@ class Fields:
         cls, value: object, path: str, known: Iterable[str], problems: Problems
     ) -> Fields | None:
         """``Fields`` over ``value`` if it is an object, else report it and return None."""
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             problems.add(path or ROOT, f"must be an object, not {type_name(value)}")
             return None
         return cls(value, path, known, problems)
@@ -110,15 +112,15 @@ class Fields:
         self.error(key, why)
 
     def section(self, key: str, known: Iterable[str]) -> Fields | None:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return None
-        return Fields.open(value, self.at(key), known, self.problems)
+        return Fields.open(value, f"{self.path}.{key}" if self.path else key, known, self.problems)
 
     def string(
         self, key: str, default: str | None = None, *, required: bool = False, max_len: int = 0
     ) -> str | None:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             if required:
                 self.missing(key)
@@ -141,7 +143,7 @@ class Fields:
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -152,7 +154,7 @@ class Fields:
     def integer(
         self, key: str, default: int, *, lo: int | None = None, hi: int | None = None
     ) -> int:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return default
         if isinstance(value, float) and value.is_integer():
@@ -167,7 +169,7 @@ class Fields:
         return value
 
     def number(self, key: str, default: float, *, lo: float | None = None, hi: float | None = None) -> float:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -185,7 +187,7 @@ class Fields:
         return float(value)
 
     def duration(self, key: str, default: float, *, positive: bool = False) -> float:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return default
         try:
@@ -199,7 +201,7 @@ class Fields:
         return seconds
 
     def instant(self, key: str) -> datetime | None:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return None
         try:
@@ -209,14 +211,14 @@ class Fields:
             return None
 
     def choice(self, key: str, enum: type[E], default: E) -> E:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return default
         found = self._member(key, value, enum)
         return default if found is None else found
 
     def required_choice(self, key: str, enum: type[E]) -> E | None:
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             self.missing(key)
             return None
@@ -239,63 +241,72 @@ class Fields:
         check_value: Callable[[str], str | None] | None = None,
     ) -> dict[str, str]:
         """A map of string to string, sorted by key; ``check_*`` return an error message or None."""
-        value = self.raw(key)
+        value = self.data.get(key)
         if value is None:
             return {}
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             self.error(key, f"must be an object of strings, not {type_name(value)}")
             return {}
         out: dict[str, str] = {}
         for k in sorted(value, key=str):
-            path = join(self.at(key), str(k))
             v = value[k]
             if not isinstance(k, str):
-                self.problems.add(path, "keys must be strings")
-                continue
-            problem = check_key(k) if check_key else None
-            if problem is None and not isinstance(v, str):
-                problem = f"must be a string, not {type_name(v)}"
-            if problem is None and check_value is not None:
-                problem = check_value(v)
+                problem: str | None = "keys must be strings"
+            else:
+                problem = check_key(k) if check_key else None
+                if problem is None and not isinstance(v, str):
+                    problem = f"must be a string, not {type_name(v)}"
+                if problem is None and check_value is not None:
+                    problem = check_value(v)
             if problem is not None:
-                self.problems.add(path, problem)
+                self.problems.add(join(self.at(key), str(k)), problem)
                 continue
             out[k] = v
         return out
 
     def items(self, key: str) -> list[tuple[str, object]] | None:
         """``(path, item)`` per element of the list at ``key``; None if absent or not a list."""
-        value = self.raw(key)
+        value = self._list(key)
+        if value is None:
+            return None
+        return [(self.at(key) + f"[{i}]", item) for i, item in enumerate(value)]
+
+    def _list(self, key: str) -> list[object] | tuple[object, ...] | None:
+        """The list at ``key``, reporting a value that is not one; None if absent or not a list."""
+        value = self.data.get(key)
         if value is None:
             return None
         if not isinstance(value, (list, tuple)):
             self.error(key, f"must be a list, not {type_name(value)}")
             return None
-        return [(self.at(key) + f"[{i}]", item) for i, item in enumerate(value)]
+        return value
 
     def int_set(self, key: str, *, lo: int, hi: int) -> tuple[int, ...]:
         """A list of integers in ``[lo, hi]``, returned sorted and without repeats."""
         found: set[int] = set()
-        for path, item in self.items(key) or ():
+        for i, item in enumerate(self._list(key) or ()):
             if isinstance(item, bool) or not isinstance(item, int):
-                self.problems.add(path, f"must be an integer, not {type_name(item)}")
+                self.error(join(key, i), f"must be an integer, not {type_name(item)}")
             elif not lo <= item <= hi:
-                self.problems.add(path, _range_message(lo, hi))
+                self.error(join(key, i), _range_message(lo, hi))
             else:
                 found.add(item)
         return tuple(sorted(found))
 
     def enum_set(self, key: str, enum: type[E], default: tuple[E, ...]) -> tuple[E, ...]:
         """A list of enum values, returned without repeats in the enum's declaration order."""
-        items = self.items(key)
+        items = self._list(key)
         if items is None:
             return default
+        by_value = cast("dict[object, E]", _by_value(enum))
         found: set[E] = set()
-        for i, (_, item) in enumerate(items):
-            member = self._member(join(key, i), item, enum)
+        for i, item in enumerate(items):
+            member = by_value.get(item) if isinstance(item, str) else None
+            if member is None:
+                member = self._member(join(key, i), item, enum)  # reports it
             if member is not None:
                 found.add(member)
-        return tuple(e for e in _by_value(enum).values() if e in found)
+        return tuple(e for e in by_value.values() if e in found)
 
 
 def _range_message(lo: int | None, hi: int | None) -> str:
@@ -304,6 +315,11 @@ def _range_message(lo: int | None, hi: int | None) -> str:
     if lo is not None:
         return f"must be at least {lo}"
     return f"must be at most {hi}"
+
+
+@functools.lru_cache(maxsize=256)
+def _key_set(known: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(known)
 
 
 @functools.cache

@@ -210,10 +210,13 @@ def parse_job(doc: object, *, name: str | None = None) -> Job:
     return job
 
 
+_EXECUTOR_KINDS = tuple(ExecutorKind)  # iterating an Enum class is slow, and this runs on every put
+
+
 def _parse_executor(f: Fields) -> tuple[ExecutorKind, HttpSpec | None, ShellSpec | None]:
     """``executor`` and its section; the other section must be absent."""
     executor = f.required_choice("executor", ExecutorKind)
-    for kind in ExecutorKind:
+    for kind in _EXECUTOR_KINDS:
         if executor is not None and executor is not kind and f.has(kind.value):
             f.error(kind.value, f"must be absent when executor is {executor.value}")
         elif executor is kind and not f.has(kind.value):

@@ -96,6 +96,20 @@ class ScheduleKind(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class _SlotRun:
+    """Consecutive slots of one cron schedule in one time zone: ``slots[0]`` is the first
+    slot after ``start`` and each next one the first slot after the one before."""
+
+    start: datetime
+    slots: tuple[datetime, ...]
+
+
+# Long enough for the slots a planner walks ahead of a busy schedule; a run that is full
+# starts over at its last slot.
+_RUN_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
 class _Parsed:
     canonical: str
     kind: ScheduleKind
@@ -103,6 +117,9 @@ class _Parsed:
     at: datetime | None = None
     cron: croniter | None = None
     wall: _WallCron | None = None
+    # Slots already found, per time zone (see Schedule._next_cron); shared by every job that
+    # has this schedule, like the parse itself.
+    runs: dict[tzinfo, _SlotRun] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +142,7 @@ class Schedule:
     # The same wall-clock matching as croniter on croniter's own expansion of the fields,
     # ~20x cheaper per step; None for L, W and # (those stay with croniter).
     _wall: _WallCron | None = field(init=False, default=None, compare=False, repr=False)
+    _runs: dict[tzinfo, _SlotRun] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         parsed = _parse(self.expr)
@@ -137,6 +155,7 @@ class Schedule:
         object.__setattr__(self, "at", parsed.at)
         object.__setattr__(self, "_cron", parsed.cron)
         object.__setattr__(self, "_wall", parsed.wall)
+        object.__setattr__(self, "_runs", parsed.runs)
 
     def __str__(self) -> str:
         return self.expr
@@ -181,6 +200,34 @@ class Schedule:
         return slots
 
     def _next_cron(self, after: datetime, tz: tzinfo) -> datetime | None:
+        """``_find_cron``, answered from the slots found before when it can be.
+
+        A run is (start, s1..sn) with s1 = the first slot after start and each next s the
+        first slot after the one before, so no slot lies between start and sn but those:
+        for start <= after < sn the answer is the first si > after, exactly what a search
+        would find. Jobs that share a schedule share its runs: the API shows the next five
+        slots of every job it writes, the leader plans each new one, and most jobs are a
+        few common schedules.
+        """
+        run = self._runs.get(tz)
+        if run is not None and run.start <= after < run.slots[-1]:
+            return run.slots[bisect.bisect_right(run.slots, after)]
+        found = self._find_cron(after, tz)
+        if found is None:
+            return None
+        if run is None:
+            run = _SlotRun(after, (found,))
+        elif after == run.slots[-1]:  # the walk goes on: extend, dropping the older half when full
+            kept = run.slots if len(run.slots) < _RUN_LENGTH else run.slots[_RUN_LENGTH // 2:]
+            run = _SlotRun(run.start if kept is run.slots else run.slots[_RUN_LENGTH // 2 - 1], (*kept, found))
+        elif found == run.slots[0] and after < run.start:  # nothing between after and the run
+            run = _SlotRun(after, run.slots)
+        else:
+            run = _SlotRun(after, (found,))
+        self._runs[tz] = run
+        return found
+
+    def _find_cron(self, after: datetime, tz: tzinfo) -> datetime | None:
         if _is_utc(tz):
             # No transitions: no gap, no repeated hour, the wall clock is the instant.
             found = self._next_wall(after.replace(tzinfo=None))

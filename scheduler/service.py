@@ -68,7 +68,8 @@ class Service:
         a ``PutJob`` carries, already parsed here (State.offer)."""
         raw = encode_command(cmd)
         if parsed is not None:
-            self.state.offer(raw, parsed)
+            assert isinstance(cmd, PutJob)
+            self.state.offer(raw, cmd, parsed)
         try:
             return await self._propose(raw, attempts, timeout)
         finally:

@@ -77,32 +77,39 @@ class State:
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
-        self._offered: dict[bytes, Job] = {}  # see offer()
+        self._offered: dict[bytes, tuple[PutJob, Job]] = {}  # see offer()
         self._offer: Job | None = None  # the offered parse for the entry being applied
 
     # ---- the entry point ---------------------------------------------------
 
-    def offer(self, raw: bytes, job: Job) -> None:
-        """This replica's own parse of the job in a ``PutJob`` it proposes (``raw``: the encoded
-        command, whose spec is ``job.to_doc()``). Applying those exact bytes here uses it instead
-        of parsing the document a second time. Parsing is pure and ``parse_job(job.to_doc())
-        == job`` (tests/unit/test_model.py), so apply decides the same either way; the other
-        replicas parse. The proposer withdraws the offer once its proposal ends."""
-        self._offered[raw] = job
+    def offer(self, raw: bytes, cmd: PutJob, job: Job) -> None:
+        """This replica's own command and parse for a ``PutJob`` it proposes: ``raw`` is
+        ``encode_command(cmd)`` and ``cmd.spec`` is ``job.to_doc()``. Applying those exact bytes
+        here uses them instead of decoding the bytes and parsing the document again. Both are
+        pure (``decode_command(encode_command(cmd)) == cmd`` and ``parse_job(job.to_doc()) ==
+        job``, tests/unit/test_model.py, test_commands.py), so apply decides the same either
+        way; the other replicas decode and parse. The proposer withdraws the offer once its
+        proposal ends."""
+        self._offered[raw] = (cmd, job)
 
     def withdraw(self, raw: bytes) -> None:
         self._offered.pop(raw, None)
 
     def apply(self, raw: bytes, ctx: ApplyContext) -> Applied | Rejected:
-        self._offer = self._offered.pop(raw, None) if self._offered else None
-        try:
-            cmd = decode_command(raw)
-        except CodecError as exc:
-            self.applied_index = ctx.index
-            return Rejected("invalid", f"entry {ctx.index} refused: {exc}")
-        except Exception as exc:  # noqa: BLE001 - malformed fields: same rejection everywhere
-            self.applied_index = ctx.index
-            return Rejected("invalid", f"entry {ctx.index} refused: {type(exc).__name__}: {exc}")
+        offered = self._offered.pop(raw, None) if self._offered else None
+        cmd: Command
+        if offered is not None:
+            cmd, self._offer = offered
+        else:
+            self._offer = None
+            try:
+                cmd = decode_command(raw)
+            except CodecError as exc:
+                self.applied_index = ctx.index
+                return Rejected("invalid", f"entry {ctx.index} refused: {exc}")
+            except Exception as exc:  # noqa: BLE001 - malformed fields: same rejection everywhere
+                self.applied_index = ctx.index
+                return Rejected("invalid", f"entry {ctx.index} refused: {type(exc).__name__}: {exc}")
         try:
             result = self._dispatch(cmd, ctx.index)
         except Exception as exc:  # noqa: BLE001 - a bug must not wedge the cluster; same on all replicas

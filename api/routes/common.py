@@ -7,11 +7,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from scheduler.errors import NotFound, ValidationFailed
 
-from ..context import ApiContext
+from ..context import CTX, ApiContext
 from ..routing import decode_cursor, encode_cursor
 from ..views import run_view
 
@@ -21,8 +22,6 @@ DEFAULT_LIMIT = 100
 
 
 def ctx_of(request: web.Request) -> ApiContext:
-    from ..app import CTX
-
     return request.app[CTX]
 
 
@@ -99,7 +98,10 @@ def _utf8(text: str) -> bool:
 
 
 def ok(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+    """A JSON answer (compact; UTF-8 as is, not \\u-escaped). orjson encodes a job view in
+    ~1 us where the json module takes ~10, on the path of every write."""
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS), status=status,
+                        content_type="application/json", charset="utf-8")
 
 
 def page(items: list[Any], key: Any, args: dict[str, Any]) -> dict[str, Any]:

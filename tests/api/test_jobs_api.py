@@ -40,6 +40,18 @@ async def test_post_creates_201_then_409_for_the_same_name(api: Cluster) -> None
     assert kept["spec"]["description"] == "" and kept["version"] == 1
 
 
+async def test_answers_are_utf8_json_and_keep_text_as_sent(api: Cluster) -> None:
+    name = api.name()
+    text = "Überweisung prüfen, 日次 \u2603, \U0001f600 and a \"quote\" \\ back"
+    resp = await api.client.put(f"/v1/jobs/{name}", json=api.doc(name, description=text, labels={"owner": "zoë"}))
+    assert resp.status == 201
+    assert resp.headers["Content-Type"] == "application/json; charset=utf-8"
+    raw = await resp.read()
+    assert "Überweisung".encode() in raw  # written as UTF-8, not \u-escaped
+    for got in (json.loads(raw), await (await api.client.get(f"/v1/jobs/{name}")).json()):
+        assert got["spec"]["description"] == text and got["spec"]["labels"] == {"owner": "zoë"}
+
+
 async def test_put_answers_created_configured_unchanged(api: Cluster) -> None:
     name = api.name()
     first = await api.client.put(f"/v1/jobs/{name}", json=api.doc(name))

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.commands import PutJob, decode_command, encode_command
 from scheduler.duration import format_duration, parse_duration
 from scheduler.errors import ValidationFailed
 from scheduler.model import (
@@ -679,6 +680,9 @@ def test_to_doc_and_parse_job_round_trip(doc: dict[str, Any]) -> None:
     wire = json.loads(json.dumps(canonical))
     assert parse_job(wire) == job and wire == canonical
     assert parse_job(msgpack.unpackb(msgpack.packb(canonical))) == job
+    # What State.offer rests on: the proposer's own command equals what replicas decode.
+    cmd = PutJob(at_us=1, spec=canonical, expect_version=None)
+    assert decode_command(encode_command(cmd)) == cmd
 
 
 @settings(max_examples=100, deadline=None)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raftlog.fsm import ApplyContext
 from scheduler.commands import ClaimSlots, PutJob, RegisterNode, encode_command
@@ -428,3 +430,15 @@ def test_claims_of_an_unreachable_node_are_given_up_after_the_grace() -> None:
     assert expired_runs([claim], just_after, cfg, live={"n1"}) == ["rc1"]
     assert expired_runs([claim], just_after, cfg, live={"n1", "n2"}) == [], "a reachable node gets the deadline"
     assert expired_runs([claim], just_after, cfg) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=st.integers(min_value=-(10**15), max_value=253_402_300_799_999_999))  # 1938 .. 9999-12-31
+def test_microsecond_instants_convert_exactly_both_ways(v: int) -> None:
+    from api.views import iso
+    from scheduler.duration import format_instant
+
+    t = from_us(v)
+    assert us(t) == v
+    assert us(t.astimezone(timezone(timedelta(hours=-7)))) == v  # any offset: the same instant
+    assert iso(v) == format_instant(t)

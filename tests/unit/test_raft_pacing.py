@@ -15,9 +15,11 @@ from raftlog.node import NodeConfig, RaftNode, _Pacer
 class FakePoller:
     def __init__(self) -> None:
         self.subscribed: list[Any] = []
+        self.callbacks: dict[int, Any] = {}
 
     def subscribe(self, fd: int, callback: Any, events: int) -> None:
         self.subscribed.append(fd)
+        self.callbacks[fd] = callback
 
 
 class FakeTransport:
@@ -267,3 +269,26 @@ def test_term_and_vote_are_stored_synced_and_renamed(tmp_path: Path, monkeypatch
     assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (7, "127.0.0.1:2")
     journal._destroy()
     again._destroy()
+
+
+def test_submits_wake_the_raft_thread_with_one_pipe_write_until_it_has_woken() -> None:
+    import os
+
+    host = FakeHost(entries(1, 1, 1), leader=True)
+    pacer = _Pacer(host)  # type: ignore[arg-type]
+    (fd,) = host._poller.subscribed
+
+    def pending() -> bytes:
+        try:
+            return os.read(fd, 1024)
+        except BlockingIOError:
+            return b""
+
+    for _ in range(100):
+        pacer.wake()
+    assert pending() == b"o"  # one write for the hundred submits
+    pacer.wake()
+    assert pending() == b""  # still flagged: the raft thread has not polled since
+    host._poller.callbacks[fd](fd, 0)  # its poll: drains the pipe, then clears the flag
+    pacer.wake()
+    assert pending() == b"o"  # the next submit writes again

@@ -521,10 +521,52 @@ def test_utc_shortcut_gives_what_the_zone_mapping_gives(expr: str, start: dateti
     except ValueError:
         return
     zone = ZoneInfo("UTC")
-    fast = sched.next_after(start, zone, ANCHOR)
+    fast = sched._find_cron(start, zone)
     shortcut, mod._is_utc = mod._is_utc, lambda _tz: False
     try:
-        slow = sched.next_after(start, zone, ANCHOR)
+        slow = sched._find_cron(start, zone)
     finally:
         mod._is_utc = shortcut
     assert fast == slow
+
+
+CRON_ONLY = [e for e in EXPRESSIONS if not e.startswith("@") or e == "@hourly"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=st.sampled_from(CRON_ONLY), where=near_transition(30 * 3600),
+       steps=st.lists(st.one_of(st.just(None), st.floats(min_value=-7200, max_value=7200, allow_nan=False)),
+                      min_size=1, max_size=25))
+def test_slots_remembered_from_earlier_searches_are_what_a_search_finds(
+    expr: str, where: tuple[str, datetime], steps: list[float | None]
+) -> None:
+    """next_after answers from the runs of slots it found before (shared by every job with the
+    schedule); each answer must be the one a fresh search gives. A step is either "walk on
+    from the last answer" (None) or a jump of some seconds from the last query."""
+    tz, t = where
+    sched, zone = parse_schedule(expr), ZoneInfo(tz)
+    sched._runs.clear()
+    for step in steps:
+        if step is not None:
+            t = t + timedelta(seconds=step)
+        got = sched.next_after(t, zone, ANCHOR)
+        assert got == sched._find_cron(t, zone), (expr, tz, t)
+        if step is None and got is not None:
+            t = got
+    assert sched._runs  # the answers were remembered, so later ones were served from them
+
+
+def test_a_remembered_run_is_shared_and_bounded() -> None:
+    import scheduler.schedule as mod
+
+    zone = ZoneInfo("UTC")
+    a, b = parse_schedule("*/10 * * * * *"), parse_schedule("*/10  *  * * * *")
+    assert a._runs is b._runs
+    a._runs.clear()
+    t = datetime(2026, 3, 1, tzinfo=UTC)
+    for _ in range(mod._RUN_LENGTH * 2 + 3):
+        t = a.next_after(t, zone, ANCHOR)
+    run = a._runs[zone]
+    assert len(run.slots) <= mod._RUN_LENGTH and run.slots[-1] == t
+    assert a._find_cron(run.start, zone) == run.slots[0]
+    assert b.next_after(run.start, zone, ANCHOR) == run.slots[0]

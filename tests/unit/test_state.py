@@ -422,8 +422,9 @@ def test_the_proposers_own_parse_is_used_and_decides_the_same(monkeypatch: pytes
     proposer, replica = State(), State()
     for n, version_doc in enumerate([doc, {**doc, "description": "changed"}]):
         job = parse_job(version_doc, name="nightly")
-        raw = encode_command(PutJob(at_us=T0 + n * SEC, spec=job.to_doc(), expect_version=None))
-        proposer.offer(raw, job)
+        cmd = PutJob(at_us=T0 + n * SEC, spec=job.to_doc(), expect_version=None)
+        raw = encode_command(cmd)
+        proposer.offer(raw, cmd, job)
         ctx = ApplyContext(index=n + 1, replay=False)
         mine, theirs = proposer.apply(raw, ctx), replica.apply(raw, ctx)
         proposer.withdraw(raw)
