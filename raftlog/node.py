@@ -36,7 +36,7 @@ import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
-from pysyncobj.journal import FileJournal, MetaStorer
+from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 from pysyncobj.pipe_notifier import PipeNotifier
 
 from .fsm import ApplyContext, StateMachine
@@ -87,6 +87,32 @@ class _DurableMeta(MetaStorer):  # type: ignore[misc]
             os.close(fd)
 
 
+class _SizedFile(ResizableFile):  # type: ignore[misc]
+    """pysyncobj's mmap-backed journal file, knowing its own size.
+
+    ResizableFile.write asks the mapping for its size (an fstat) before every write, and
+    FileJournal.add writes twice per entry: two system calls per entry on every node, on
+    the path of every write. The size changes only when a write grows the mapping, which
+    stays with ResizableFile.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rc_size: int = self._ResizableFile__mm.size()
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end <= self._rc_size:
+            self._ResizableFile__mm[offset:end] = values
+            return
+        super().write(offset, values)  # grows (or, where mmap cannot resize, remaps) the file
+        self._rc_size = self._ResizableFile__mm.size()
+
+    def fileno(self) -> int:
+        """The descriptor of the file now (growing it without mremap reopens it)."""
+        return self._ResizableFile__f.fileno()  # type: ignore[no-any-return]
+
+
 class _DurableJournal(FileJournal):  # type: ignore[misc]
     """A FileJournal that syncs appended records before anyone is told of them.
 
@@ -101,13 +127,14 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
     """
 
     def __init__(self, journal_file: str) -> None:
-        # FileJournal names its meta storer's class at construction; swap in ours for it.
-        original, _journal_module.MetaStorer = _journal_module.MetaStorer, _DurableMeta
+        # FileJournal names its meta storer's and file's classes at construction; swap in ours.
+        meta, _journal_module.MetaStorer = _journal_module.MetaStorer, _DurableMeta
+        file, _journal_module.ResizableFile = _journal_module.ResizableFile, _SizedFile
         try:
             super().__init__(journal_file)
         finally:
-            _journal_module.MetaStorer = original
-        self._rc_fd = self._FileJournal__journalFile._ResizableFile__f.fileno()
+            _journal_module.MetaStorer, _journal_module.ResizableFile = meta, file
+        self._rc_file: _SizedFile = self._FileJournal__journalFile
         self._rc_dirty = False
         # True only while pysyncobj appends new commands as leader (``_Host.
         # _checkCommandsToApply``): those appends are synced by ``sync`` at the end of
@@ -125,7 +152,7 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         if self.defer:
             self._rc_dirty = True
         else:
-            os.fdatasync(self._rc_fd)
+            os.fdatasync(self._rc_file.fileno())
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
         # pysyncobj rewrites the kept entries one ``add`` at a time: one sync, not one each.
@@ -139,7 +166,7 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
     def sync(self) -> None:
         if self._rc_dirty:
             self._rc_dirty = False
-            os.fdatasync(self._rc_fd)
+            os.fdatasync(self._rc_file.fileno())
 
 
 class _Pacer:

@@ -216,6 +216,30 @@ def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path,
     reopened._destroy()
 
 
+def test_the_journal_grows_past_its_mapping_and_reads_back_as_written(tmp_path: Path, syncs: list[int]) -> None:
+    """The journal file keeps its size instead of asking the kernel on every write; growing
+    still goes through pysyncobj, and pysyncobj's own reader finds every entry."""
+    from pysyncobj.journal import FileJournal
+
+    from raftlog import node as node_module
+
+    journal = node_module._DurableJournal(str(tmp_path / "j"))
+    journal.defer = True
+    sizes = {journal._rc_file._rc_size}
+    written = [(bytes([i % 251]) * (i % 700 + 1), i, 1 + i // 1000) for i in range(1, 3001)]
+    for command, idx, term in written:
+        journal.add(command, idx, term)
+        sizes.add(journal._rc_file._rc_size)
+    journal.sync()
+    assert len(sizes) > 5  # it grew several times (from 1 KiB to over 1 MiB)
+    assert journal._rc_file._rc_size == journal._rc_file._ResizableFile__mm.size()
+    assert syncs == [journal._rc_file.fileno()]
+    journal._destroy()
+    plain = FileJournal(str(tmp_path / "j"))
+    assert [(bytes(e[0]), e[1], e[2]) for e in plain] == written
+    plain._destroy()
+
+
 def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                syncs: list[int]) -> None:
     """Entries of one AppendEntries: one fdatasync, done before the answer acknowledging them."""
