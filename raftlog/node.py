@@ -24,6 +24,7 @@ know them:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -196,6 +197,7 @@ class _Pacer:
         self._journal = journal
         self._notifier = PipeNotifier(host._poller, callback=self._woken)
         self._wake_pending = False
+        self.heard_leader = 0.0  # monotonic time of the last AppendEntries taken from the leader
         self._sent_commit = 0
         self._forwarded = False  # a follower forwarded a command since the last tick
         self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
@@ -255,10 +257,18 @@ class _Pacer:
                     finally:
                         journal.defer = False
                         journal.sync()
+                    self._note_leader(node)
                     return
             elif kind == "apply_command":
                 self._forwarded = True
         self._deliver(node, message)
+        if type(message) is dict and message.get("type") == "append_entries":
+            self._note_leader(node)
+
+    def _note_leader(self, node: Any) -> None:
+        # After delivery pysyncobj has taken the sender as its leader, or refused a stale one.
+        if self._host._SyncObj__raftLeader == node:
+            self.heard_leader = time.monotonic()
 
     def _trim(self, message: dict[str, Any]) -> dict[str, Any]:
         entries = message["entries"]
@@ -571,6 +581,27 @@ class RaftNode:
     def is_leader(self) -> bool:
         host = self._host
         return host is not None and host._isLeader()
+
+    def leader_contact_age(self) -> float:
+        """Seconds since this node last knew it was in touch with a leader that has a quorum.
+
+        A follower: since the last AppendEntries it took from its leader (heartbeats come
+        every 20 ms). The leader: since the answer that completes a majority, counting itself
+        (0 with no other members). ``inf`` before either. Read from any thread.
+        """
+        host, pacer = self._host, self._pacer
+        if host is None or pacer is None:
+            return math.inf
+        now = time.monotonic()
+        if not host._isLeader():
+            return now - pacer.heard_leader if pacer.heard_leader else math.inf
+        others = list(host.otherNodes)
+        if not others:
+            return 0.0
+        answered = host._SyncObj__lastResponseTime
+        times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
+        newest_majority = times[(len(others) + 1) // 2 - 1]
+        return max(0.0, now - newest_majority) if newest_majority else math.inf
 
     def leader(self) -> str | None:
         host = self._host

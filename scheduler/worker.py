@@ -66,6 +66,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
+        self.declined = 0  # claimed attempts not started: no leader contact (see _fire)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -135,6 +136,17 @@ class Worker:
         rec = self.state.jobs.get(run["job"])
         if current is None or current["status"] != "claimed" or job is None or rec is None:
             return  # cancelled, lost or deleted while waiting for its instant
+        silent = self.svc.node.leader_contact_age()
+        if silent > self.lease / 2:
+            # Cut off from the leader (a partition, or this node stalled): the leader counts this
+            # node's attempts lost once it has been unreachable for a lease and claims them again
+            # elsewhere, so starting now would most likely run the slot twice. Left unstarted,
+            # the attempt is lost and retried (a job with delivery at-most-once is not retried).
+            self.declined += 1
+            log.warning("not starting %s attempt %d of slot %s (run %s): no word from a leader for %.1fs; "
+                        "the leader will count it lost", run["job"], run["attempt"],
+                        from_us(run["slot_us"]).isoformat(), rid, silent)
+            return
         kind = str(job.executor)
         attempt = Attempt(
             job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],

@@ -38,6 +38,7 @@ class MemoryNode:
         self.term = 1
         self.config = NodeConfig(raft_addr="mem:1", peers=(), data_dir=Path("/nonexistent"), secret="x")
         self.hooks: list[Callable[[Applied], None]] = []
+        self.silent = 0.0  # seconds since the "leader" was last heard from (a partition test sets it)
 
     def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
         if not self.leading:
@@ -52,6 +53,9 @@ class MemoryNode:
 
     def is_leader(self) -> bool:
         return self.leading
+
+    def leader_contact_age(self) -> float:
+        return self.silent
 
     def leader(self) -> str | None:
         return "mem:1" if self.leading else None
@@ -262,5 +266,31 @@ async def test_an_attempt_ended_within_a_report_batch_is_never_reported_started(
             await sim.step(1.0)
         assert [c for c in seen if c in ("StartRuns", "FinishRuns")] == ["StartRuns", "FinishRuns"]
         assert [r["status"] for r in sim.state.runs.values()] == ["succeeded", "succeeded"]
+    finally:
+        await sim.close()
+
+
+async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried() -> None:
+    """The partitioned node's attempt is not started (the leader will count it lost and claim
+    the slot again): the slot runs once, by the retry, not twice."""
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    try:
+        await sim.put(_job("tick", "*/10 * * * * *"))
+        for _ in range(9):
+            await sim.step(1.0)  # 12:00:09: the 12:00:10 slot is claimed for this node
+        first = [r for r in sim.state.runs.values() if r["slot_us"] == us(datetime(2026, 6, 1, 12, 0, 10, tzinfo=UTC))]
+        assert [r["status"] for r in first] == ["claimed"]
+        sim.node.silent = 4.0  # no word from a leader for longer than half a lease
+        for _ in range(3):
+            await sim.step(1.0)
+        assert sim.worker.declined >= 1 and sim.executor.fired == []
+        sim.node.silent = 0.0
+        for _ in range(30):
+            await sim.step(1.0)
+        runs = sorted((r for r in sim.state.runs.values() if r["slot_us"] == first[0]["slot_us"]),
+                      key=lambda r: r["attempt"])
+        assert [r["status"] for r in runs] == ["lost", "succeeded"], runs
+        fired = [a for a, _ in sim.executor.fired if a.slot == datetime(2026, 6, 1, 12, 0, 10, tzinfo=UTC)]
+        assert [a.attempt for a in fired] == [2]  # started once, by the retry
     finally:
         await sim.close()
