@@ -377,6 +377,20 @@ class _Host(SyncObj):  # type: ignore[misc]
         return self._rc_owner._apply(payload, self.raftLastApplied + 1)
 
 
+def _contact_at(host: Any, pacer: _Pacer) -> float:
+    """The monotonic time this node was last in touch with a leader that has a quorum (see
+    ``RaftNode.leader_contact_age``); 0.0 for never. Raft thread only: it reads pysyncobj's
+    own dicts."""
+    if not host._isLeader():
+        return pacer.heard_leader
+    others = list(host.otherNodes)
+    if not others:
+        return time.monotonic()
+    answered = host._SyncObj__lastResponseTime
+    times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
+    return float(times[(len(others) + 1) // 2 - 1])
+
+
 class RaftNode:
     """Hosts one StateMachine on pysyncobj.
 
@@ -415,6 +429,7 @@ class RaftNode:
         self._last_keepalive = 0.0
         self._last_tick = time.monotonic()
         self._pacer: _Pacer | None = None
+        self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -587,21 +602,12 @@ class RaftNode:
 
         A follower: since the last AppendEntries it took from its leader (heartbeats come
         every 20 ms). The leader: since the answer that completes a majority, counting itself
-        (0 with no other members). ``inf`` before either. Read from any thread.
+        (always now with no other members). ``inf`` before either. Noted by the raft thread
+        each tick (``_contact_at``), so a stalled raft thread reads as out of touch too; read
+        from any thread.
         """
-        host, pacer = self._host, self._pacer
-        if host is None or pacer is None:
-            return math.inf
-        now = time.monotonic()
-        if not host._isLeader():
-            return now - pacer.heard_leader if pacer.heard_leader else math.inf
-        others = list(host.otherNodes)
-        if not others:
-            return 0.0
-        answered = host._SyncObj__lastResponseTime
-        times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
-        newest_majority = times[(len(others) + 1) // 2 - 1]
-        return max(0.0, now - newest_majority) if newest_majority else math.inf
+        at = self._contact
+        return time.monotonic() - at if at else math.inf
 
     def leader(self) -> str | None:
         host = self._host
@@ -618,6 +624,7 @@ class RaftNode:
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
             self._pacer = _Pacer(host, self._journal)
         self._pacer.on_tick()
+        self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it
         self._excuse_own_stall(host)
