@@ -155,15 +155,17 @@ class _Deadlines:
             self._timer = self._loop.call_later(self.TICK, self._sweep)
 
     def _sweep(self) -> None:
-        now = self._loop.time()
-        pending = []
-        for item in self._items:
-            deadline, timeout, fut = item
-            if fut.done():
-                continue
-            if deadline <= now:
-                fut.set_exception(UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s"))
-                continue
-            pending.append(item)
-        self._items = pending
-        self._timer = self._loop.call_later(self.TICK, self._sweep) if pending else None
+        try:
+            now = self._loop.time()
+            pending = []
+            for item in self._items:
+                deadline, timeout, fut = item
+                if fut.done():
+                    continue
+                if deadline <= now:
+                    fut.set_exception(UnknownOutcome("TIMEOUT", f"outcome unknown: no commit confirmed within {timeout}s"))
+                    continue
+                pending.append(item)
+            self._items = pending
+        finally:  # were anything to raise above, the next sweep still comes and sees every entry
+            self._timer = self._loop.call_later(self.TICK, self._sweep) if self._items else None

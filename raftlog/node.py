@@ -215,6 +215,9 @@ class _Pacer:
             self._notifier.notify()
         except BlockingIOError:  # the pipe is full: a wake-up is already pending
             pass
+        except OSError:
+            self._wake_pending = False  # nothing was written: the next submit tries again
+            raise
 
     def _woken(self) -> None:
         self._wake_pending = False

@@ -320,6 +320,22 @@ def test_submits_wake_the_raft_thread_with_one_pipe_write_until_it_has_woken() -
     assert pending() == b"o"  # the next submit writes again
 
 
+def test_a_failed_wake_up_write_is_tried_again_by_the_next_submit() -> None:
+    host = FakeHost(entries(1, 1, 1), leader=True)
+    pacer = _Pacer(host)  # type: ignore[arg-type]
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise OSError(9, "Bad file descriptor")
+
+    pacer._notifier.notify = broken  # type: ignore[method-assign]
+    for _ in range(2):
+        with pytest.raises(OSError):
+            pacer.wake()
+    assert len(calls) == 2  # not taken for a pending wake-up
+
+
 def test_leader_contact_age_as_a_follower_and_as_a_leader(tmp_path: Path) -> None:
     """How long a node has been out of touch with a leader that has a quorum: what a worker
     checks before it starts an attempt claimed for it. The raft thread notes the instant each
