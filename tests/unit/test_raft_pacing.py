@@ -47,6 +47,7 @@ class FakeHost:
         self.connected = {"b", "c"}
         self.leader = leader
         self._SyncObj__raftLeader: str | None = None
+        self._rc_batch_peers: set[str] = set()
         self._SyncObj__lastResponseTime: dict[str, float] = {}
 
     def _SyncObj__onMessageReceived(self, node: str, message: Any) -> None:  # noqa: N802
@@ -375,3 +376,48 @@ def test_leader_contact_age_as_a_follower_and_as_a_leader(tmp_path: Path) -> Non
     assert 7 <= age() < 8
     host.otherNodes = []  # alone: in touch with itself
     assert 0 <= age() < 1
+
+
+class Peer:
+    def __init__(self, id: str) -> None:  # noqa: A002 - pysyncobj's attribute name
+        self.id = id
+
+
+def test_forwarded_commands_and_their_answers_travel_in_one_message_per_peer_and_tick() -> None:
+    """A follower forwards each command to the leader as its own message, and the leader
+    answers each: batched per peer within one _checkCommandsToApply, to peers that said (in
+    their keepalive) that they read batches; the receiver delivers them one by one, in order."""
+    from raftlog.node import _Host
+
+    leader, old = Peer("10.0.0.1:7001"), Peer("10.0.0.2:7001")
+    sent: list[tuple[str, Any]] = []
+    host = object.__new__(_Host)
+    host._rc_batch, host._rc_batch_peers = None, {leader.id}
+    host._rc_transport_send = lambda node, message: sent.append((node.id, message)) or True
+    commands = [{"type": "apply_command", "command": b"c%d" % i, "request_id": i} for i in range(5)]
+
+    host._rc_send(leader, commands[0])  # outside a batch window: straight out
+    assert sent == [(leader.id, commands[0])]
+    sent.clear()
+    host._rc_batch = {}
+    for c in commands:
+        host._rc_send(leader, c)
+        host._rc_send(old, c)  # a peer that never announced batches gets each at once
+    assert [m for n, m in sent] == commands and {n for n, _ in sent} == {old.id}
+    sent.clear()
+    host._rc_flush()
+    assert sent == [(leader.id, {"type": "rc_batch", "messages": commands})]
+    assert host._rc_batch is None
+    sent.clear()
+    host._rc_batch = {}
+    host._rc_send(leader, commands[1])
+    host._rc_flush()
+    assert sent == [(leader.id, commands[1])]  # one message needs no envelope
+
+    receiver = FakeHost(entries(1, 1, 1), leader=True)
+    pacer = _Pacer(receiver)  # type: ignore[arg-type]
+    pacer.inbound(leader, {"type": "rc_batch", "messages": commands})
+    assert receiver.delivered == commands and pacer._forwarded
+    pacer.inbound(old, {"type": "rc_keepalive", "batch": 1})
+    assert receiver._rc_batch_peers == {old.id}
+    assert receiver.delivered[-1] == {"type": "rc_keepalive", "batch": 1}  # still handed on
