@@ -246,32 +246,31 @@ class _Pacer:
                 return
 
     def inbound(self, node: Any, message: Any) -> None:
-        if type(message) is dict:
-            kind = message.get("type")
-            if kind == "rc_batch":  # see _Host._checkCommandsToApply: delivered one by one, in order
-                for one in message.get("messages") or ():
-                    self.inbound(node, one)
-                return
-            if kind == "rc_keepalive" and message.get("batch"):
-                self._host._rc_batch_peers.add(node.id)
-            elif kind == "append_entries" and message.get("entries"):
-                message = self._trim(message)
-                journal = self._journal
-                if journal is not None:
-                    # One sync for the whole batch, not one per entry: _Host syncs before
-                    # the answer that acknowledges them goes out, and again here in any case.
-                    journal.defer = True
-                    try:
-                        self._deliver(node, message)
-                    finally:
-                        journal.defer = False
-                        journal.sync()
-                    self._note_leader(node)
-                    return
-            elif kind == "apply_command":
-                self._forwarded = True
-        self._deliver(node, message)
-        if type(message) is dict and message.get("type") == "append_entries":
+        kind = message.get("type") if type(message) is dict else None
+        if kind == "rc_batch":  # see _Host._rc_send: delivered one by one, in order
+            for one in message.get("messages") or ():
+                self.inbound(node, one)
+            return
+        journal = None
+        if kind == "rc_keepalive" and message.get("batch"):
+            self._host._rc_batch_peers.add(node.id)
+        elif kind == "append_entries" and message.get("entries"):
+            message = self._trim(message)
+            # One sync for the whole batch, not one per entry: _Host syncs before the answer
+            # that acknowledges them goes out, and again here in any case.
+            journal = self._journal
+        elif kind == "apply_command":
+            self._forwarded = True
+        if journal is None:
+            self._deliver(node, message)
+        else:
+            journal.defer = True
+            try:
+                self._deliver(node, message)
+            finally:
+                journal.defer = False
+                journal.sync()
+        if kind == "append_entries":
             self._note_leader(node)
 
     def _note_leader(self, node: Any) -> None:
@@ -367,17 +366,14 @@ class _Host(SyncObj):  # type: ignore[misc]
         owner = self._rc_owner
         # Only once RaftNode._on_tick runs (it creates the pacer), since it does the sync.
         journal = owner._journal if owner._pacer is not None else None
+        if journal is not None:
+            journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
         self._rc_batch = {}
         try:
-            if journal is None:
-                super()._checkCommandsToApply()
-                return
-            journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
-            try:
-                super()._checkCommandsToApply()
-            finally:
-                journal.defer = False
+            super()._checkCommandsToApply()
         finally:
+            if journal is not None:
+                journal.defer = False
             self._rc_flush()
 
     def _rc_send(self, node: Any, message: Any) -> bool:

@@ -105,7 +105,7 @@ class _SlotRun:
 
 
 # Long enough for the slots a planner walks ahead of a busy schedule; a run that is full
-# starts over at its last slot.
+# drops its older half as it grows.
 _RUN_LENGTH = 256
 
 
