@@ -1,11 +1,14 @@
 """A replicated state-machine host on pysyncobj; knows nothing of jobs."""
 
 from .bridge import Bridge, NotCommitted, SubmitError, UnknownOutcome
+from .clock import ClockEstimate
 from .codec import CodecError, Envelope, decode, encode
 from .fsm import ApplyContext, StateMachine
-from .node import MissingSecret, NodeConfig, NodeStatus, RaftNode
+from .node import MemberStatus, MissingSecret, NodeConfig, NodeStatus, RaftNode, RoleChange
+from .pysyncobj_names import PysyncobjMismatch, check_pysyncobj
 
 __all__ = [
-    "ApplyContext", "Bridge", "CodecError", "Envelope", "MissingSecret", "NodeConfig", "NodeStatus",
-    "NotCommitted", "RaftNode", "StateMachine", "SubmitError", "UnknownOutcome", "decode", "encode",
+    "ApplyContext", "Bridge", "ClockEstimate", "CodecError", "Envelope", "MemberStatus", "MissingSecret",
+    "NodeConfig", "NodeStatus", "NotCommitted", "PysyncobjMismatch", "RaftNode", "RoleChange", "StateMachine",
+    "SubmitError", "UnknownOutcome", "check_pysyncobj", "decode", "encode",
 ]

@@ -1,5 +1,12 @@
-"""pysyncobj glue: one replicated entry point taking bytes, a durable journal,
-msgpack snapshots written off the raft thread, the cluster secret, and status.
+"""The public face of raftlog: RaftNode hosts a StateMachine on pysyncobj, with one
+replicated entry point taking bytes, a durable journal, msgpack snapshots written off
+the raft thread, the cluster secret, status, leadership events and the cluster's clock.
+
+Its parts, one concern each: ``journal`` (durable meta, sized file, durable journal),
+``transport`` (keepalives, per-peer batches), ``pacing`` (when the raft thread sends,
+what a follower takes), ``host`` (the SyncObj subclass), ``clock`` (peers' wall
+clocks), and ``pysyncobj_names``, the table of every pysyncobj private name they use,
+checked against the installed pysyncobj when a node starts.
 
 The rules come from what was measured of pysyncobj 0.3.17 (see the project's
 design notes); each is applied here once so nothing above this module needs to
@@ -25,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,17 +39,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pysyncobj.journal as _journal_module
-import pysyncobj.syncobj as _pso
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
-from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
-from pysyncobj.pipe_notifier import PipeNotifier
 
+from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
 from .fsm import ApplyContext, StateMachine
+from .host import _Host
+from .journal import _DurableJournal, journal_factory
+from .pacing import _contact_at, _Pacer
+from .pysyncobj_names import check_pysyncobj
 from .snapshot import SnapshotWriter, read_snapshot
+from .transport import send_keepalives
 
-__all__ = ["NodeConfig", "RaftNode", "NodeStatus", "MemberStatus", "FAIL_REASON", "MissingSecret"]
+__all__ = ["FAIL_REASON", "ClockEstimate", "MemberStatus", "MissingSecret", "NodeConfig", "NodeStatus", "RaftNode",
+           "RoleChange"]
 
 log = logging.getLogger("raftcron.raft")
 
@@ -53,253 +62,6 @@ AppliedHook = Callable[[ApplyContext, Any], None]
 
 class MissingSecret(ValueError):
     pass
-
-
-class _DurableMeta(MetaStorer):  # type: ignore[misc]
-    """pysyncobj's term / vote / commit-index file, replaced durably.
-
-    pysyncobj writes a temporary file and renames it over the old one without
-    syncing either, so a power loss can leave an empty file: the node restarts at
-    term 0 with no vote and may vote twice in a term. Here the new file's data is
-    synced before the rename and the directory after it (term changes are rare;
-    the commit index is stored at most once a second).
-    """
-
-    def getMeta(self) -> dict[str, Any]:  # noqa: N802 - pysyncobj's name; closes the file it reads
-        try:
-            with open(self.getPath(), "rb") as f:
-                meta = _journal_module.loads(f.read())
-        except Exception:  # noqa: BLE001 - missing or unreadable: start from nothing, as pysyncobj does
-            return {}
-        return meta if isinstance(meta, dict) else {}
-
-    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
-        path = self.getPath()
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(_journal_module.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-class _SizedFile(ResizableFile):  # type: ignore[misc]
-    """pysyncobj's mmap-backed journal file, knowing its own size.
-
-    ResizableFile.write asks the mapping for its size (an fstat) before every write, and
-    FileJournal.add writes twice per entry: two system calls per entry on every node, on
-    the path of every write. The size changes only when a write grows the mapping, which
-    stays with ResizableFile.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._rc_size: int = self._ResizableFile__mm.size()
-
-    def write(self, offset: int, values: bytes) -> None:
-        end = offset + len(values)
-        if end <= self._rc_size:
-            self._ResizableFile__mm[offset:end] = values
-            return
-        super().write(offset, values)  # grows (or, where mmap cannot resize, remaps) the file
-        self._rc_size = self._ResizableFile__mm.size()
-
-    def fileno(self) -> int:
-        """The descriptor of the file now (growing it without mremap reopens it)."""
-        return self._ResizableFile__f.fileno()  # type: ignore[no-any-return]
-
-
-class _DurableJournal(FileJournal):  # type: ignore[misc]
-    """A FileJournal that syncs appended records before anyone is told of them.
-
-    pysyncobj writes the journal through an mmap and never syncs it, so an
-    acknowledged entry could vanish with a power loss on a majority. Syncing
-    (in ``add``, or once per batch where ``defer`` says) puts it before the
-    follower's AppendEntries answer and before the leader counts its own
-    copy. ``fdatasync`` on the file (Linux writes a
-    shared mapping's dirty pages with it) rather than pysyncobj's ``flush``:
-    that is ``mmap.flush``, an msync of the whole mapping that holds the GIL
-    and so froze the event loop for every entry.
-    """
-
-    def __init__(self, journal_file: str) -> None:
-        # FileJournal names its meta storer's and file's classes at construction; swap in ours.
-        meta, _journal_module.MetaStorer = _journal_module.MetaStorer, _DurableMeta
-        file, _journal_module.ResizableFile = _journal_module.ResizableFile, _SizedFile
-        try:
-            super().__init__(journal_file)
-        finally:
-            _journal_module.MetaStorer, _journal_module.ResizableFile = meta, file
-        self._rc_file: _SizedFile = self._FileJournal__journalFile
-        self._rc_dirty = False
-        # True only while pysyncobj appends new commands as leader (``_Host.
-        # _checkCommandsToApply``): those appends are synced by ``sync`` at the end of
-        # the same raft tick, after the AppendEntries carrying them went out, so the
-        # leader's disk write overlaps the followers' (Raft lets a leader persist in
-        # parallel with replication). No message is read in between, and a commit is
-        # counted only at the next tick, after that sync. A follower's appends from one
-        # AppendEntries are deferred too and synced once, before its answer is sent
-        # (``_Host._SyncObj__sendNextNodeIdx``). Every other append (a new leader's no-op)
-        # is synced at once.
-        self.defer = False
-
-    def add(self, command: bytes, idx: int, term: int) -> None:
-        super().add(command, idx, term)
-        if self.defer:
-            self._rc_dirty = True
-        else:
-            os.fdatasync(self._rc_file.fileno())
-
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
-        # pysyncobj rewrites the kept entries one ``add`` at a time: one sync, not one each.
-        deferred, self.defer = self.defer, True
-        try:
-            super().deleteEntriesTo(entryTo)
-        finally:
-            self.defer = deferred
-        self.sync()
-
-    def sync(self) -> None:
-        if self._rc_dirty:
-            self._rc_dirty = False
-            os.fdatasync(self._rc_file.fileno())
-
-
-class _Pacer:
-    """Commit latency without losing batching, and without pysyncobj's re-truncation.
-
-    In batched mode pysyncobj sends AppendEntries only every ``appendEntriesPeriod``,
-    so a commit waits for the next period (PUT p50 ~24 ms); its unbatched mode sends
-    one message per command, and the pipelined duplicates that follow a follower's
-    "reset" answer made followers truncate and re-append entries they had applied.
-    This keeps batched mode and adds three things, all on the raft thread:
-
-    - ``wake``: a submit from another thread wakes the raft thread's poll at once
-      (batched mode has no such notifier, so a command waited up to a tick);
-    - ``on_tick`` (leader, after new commands were appended this tick): send now if
-      some connected follower has acknowledged everything it was sent and has new
-      entries to get, or a commit index that a follower's forwarded command waits
-      for. A busy follower is not sent more until it answers, so under load messages
-      still carry many entries each;
-    - ``inbound`` (follower): an AppendEntries whose leading entries this node
-      already holds with the same term is trimmed to what is new. pysyncobj would
-      otherwise delete everything after ``prevLogIdx`` and re-append it, entries
-      it had already acknowledged (and applied) included.
-    """
-
-    def __init__(self, host: SyncObj, journal: _DurableJournal | None = None) -> None:
-        self._host = host
-        self._journal = journal
-        self._notifier = PipeNotifier(host._poller, callback=self._woken)
-        self._wake_pending = False
-        self.heard_leader = 0.0  # monotonic time of the last AppendEntries taken from the leader
-        self._sent_commit = 0
-        self._forwarded = False  # a follower forwarded a command since the last tick
-        self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
-        self._deliver = host._SyncObj__onMessageReceived
-        host._SyncObj__transport.setOnMessageReceivedCallback(self.inbound)
-
-    def wake(self) -> None:
-        # One pipe write per wake-up, not per submit: the flag is cleared on the raft thread
-        # after it drained the pipe, in the poll that ends a tick; a command queued before
-        # that is taken by the next tick's _checkCommandsToApply, one queued after writes.
-        if self._wake_pending:
-            return
-        self._wake_pending = True
-        try:
-            self._notifier.notify()
-        except BlockingIOError:  # the pipe is full: a wake-up is already pending
-            pass
-        except OSError:
-            self._wake_pending = False  # nothing was written: the next submit tries again
-            raise
-
-    def _woken(self) -> None:
-        self._wake_pending = False
-
-    def on_tick(self) -> None:
-        host = self._host
-        if not host._isLeader():
-            return
-        last = host._SyncObj__getCurrentLogIndex()
-        if self._forwarded:  # appended by now (pysyncobj appends before it runs tick callbacks)
-            self._forwarded = False
-            self._awaited_upto = last
-        commit = host._SyncObj__raftCommitIndex
-        # A commit index alone is worth a message only to a follower whose client waits for
-        # it; otherwise it rides on the next entries or the periodic heartbeat.
-        tell_commit = commit > self._sent_commit and self._awaited_upto > self._sent_commit
-        next_index = host._SyncObj__raftNextIndex
-        match_index = host._SyncObj__raftMatchIndex
-        for node in host.otherNodes:
-            nxt = next_index.get(node)
-            if nxt is None or match_index.get(node, 0) != nxt - 1 or not host.isNodeConnected(node):
-                continue  # this one still has entries in flight, or cannot be reached
-            if nxt <= last or tell_commit:
-                host._SyncObj__sendAppendEntries()
-                self._sent_commit = commit
-                return
-
-    def inbound(self, node: Any, message: Any) -> None:
-        kind = message.get("type") if type(message) is dict else None
-        if kind == "rc_batch":  # see _Host._rc_send: delivered one by one, in order
-            for one in message.get("messages") or ():
-                self.inbound(node, one)
-            return
-        journal = None
-        if kind == "rc_keepalive" and message.get("batch"):
-            self._host._rc_batch_peers.add(node.id)
-        elif kind == "append_entries" and message.get("entries"):
-            message = self._trim(message)
-            # One sync for the whole batch, not one per entry: _Host syncs before the answer
-            # that acknowledges them goes out, and again here in any case.
-            journal = self._journal
-        elif kind == "apply_command":
-            self._forwarded = True
-        if journal is None:
-            self._deliver(node, message)
-        else:
-            journal.defer = True
-            try:
-                self._deliver(node, message)
-            finally:
-                journal.defer = False
-                journal.sync()
-        if kind == "append_entries":
-            self._note_leader(node)
-
-    def _note_leader(self, node: Any) -> None:
-        # After delivery pysyncobj has taken the sender as its leader, or refused a stale one.
-        if self._host._SyncObj__raftLeader == node:
-            self.heard_leader = time.monotonic()
-
-    def _trim(self, message: dict[str, Any]) -> dict[str, Any]:
-        entries = message["entries"]
-        journal = self._host._SyncObj__raftLog
-        first = journal[0][1]
-        last = journal[-1][1]
-        held = 0
-        for _command, idx, term in entries:
-            if idx < first or idx > last or journal[idx - first][2] != term:
-                break
-            held += 1
-        if held == 0:
-            return message
-        if held < len(entries):
-            kept = entries[held - 1]
-            return {**message, "entries": entries[held:], "prevLogIdx": kept[1], "prevLogTerm": kept[2]}
-        # Everything sent is already here. Entries after them are this leader's own
-        # only if the newest carries its term (Raft's log matching); then answer for
-        # all of them. Otherwise let pysyncobj decide, as it would have.
-        tail_term = journal[-1][2]
-        if last > entries[-1][1] and tail_term != message.get("term"):
-            return message
-        return {**message, "entries": [], "prevLogIdx": last, "prevLogTerm": tail_term}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,6 +92,10 @@ class MemberStatus:
     raft_addr: str
     connected: bool
     match_index: int | None
+    # This member's wall clock minus the leader's, and the bound on that estimate's error
+    # (seconds); None while unknown (no leader, or no round trip measured yet).
+    clock_offset: float | None = None
+    clock_error: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,92 +111,33 @@ class NodeStatus:
     partners: tuple[MemberStatus, ...] = field(default_factory=tuple)
     last_snapshot_index: int = 0
     seconds_without_leader: float = 0.0
+    clock_offset: float | None = None  # this node's wall clock minus the leader's, as in MemberStatus
+    clock_error: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    role: str  # leader | follower | candidate
+    leader: str | None  # the leader's raft address, None while unknown
+    term: int
+
+
+RoleHook = Callable[[RoleChange], None]
 
 
 _STATES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
-class _Host(SyncObj):  # type: ignore[misc]
-    """The SyncObj subclass: its only replicated method is ``_rc_apply``."""
-
-    def __init__(self, owner: RaftNode, self_addr: str, peers: list[str], conf: SyncObjConf) -> None:
-        self._rc_owner = owner
-        self._rc_batch: dict[Any, list[Any]] | None = None  # see _rc_send
-        self._rc_batch_peers: set[str] = set()  # ids of the peers that read batches
-        super().__init__(self_addr, peers, conf)
-        transport = self._SyncObj__transport
-        self._rc_transport_send = transport.send
-        transport.send = self._rc_send
-
-    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
-        owner = self._rc_owner
-        # Only once RaftNode._on_tick runs (it creates the pacer), since it does the sync.
-        journal = owner._journal if owner._pacer is not None else None
-        if journal is not None:
-            journal.defer = True  # synced by RaftNode._on_tick, later in this same tick
-        self._rc_batch = {}
-        try:
-            super()._checkCommandsToApply()
-        finally:
-            if journal is not None:
-                journal.defer = False
-            self._rc_flush()
-
-    def _rc_send(self, node: Any, message: Any) -> bool:
-        """The transport's send while this node takes commands from its queue.
-
-        There a follower forwards each submitted command to the leader as its own message
-        and the leader answers each with its own (``apply_command`` / ``_response``): under
-        load dozens per tick, each pickled, Fernet-encrypted and sent, and decrypted and
-        unpickled on the other side. Messages to a peer that announced it reads batches (in
-        its keepalive) are collected here and sent as one at the end of the same call,
-        before anything else this tick sends, so the order on the link is unchanged."""
-        batch = self._rc_batch
-        if batch is not None and node.id in self._rc_batch_peers:
-            batch.setdefault(node, []).append(message)
-            return True
-        return bool(self._rc_transport_send(node, message))
-
-    def _rc_flush(self) -> None:
-        batch, self._rc_batch = self._rc_batch, None
-        for node, messages in (batch or {}).items():
-            one = messages[0] if len(messages) == 1 else {"type": "rc_batch", "messages": messages}
-            self._rc_transport_send(node, one)
-
-    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,  # noqa: N802, N803
-                                  success: bool = False) -> None:
-        # A follower's answer to AppendEntries: the entries it acknowledges must be on disk
-        # before it leaves (appends inside one message are synced once, see _Pacer.inbound).
-        journal = self._rc_owner._journal
-        if journal is not None:
-            journal.sync()
-        super()._SyncObj__sendNextNodeIdx(node, reset, nextNodeIdx, success)
-
-    @replicated  # type: ignore[untyped-decorator]
-    def _rc_apply(self, payload: bytes) -> Any:
-        # pysyncobj bumps raftLastApplied right after this returns.
-        return self._rc_owner._apply(payload, self.raftLastApplied + 1)
-
-
-def _contact_at(host: Any, pacer: _Pacer) -> float:
-    """The monotonic time this node was last in touch with a leader that has a quorum (see
-    ``RaftNode.leader_contact_age``); 0.0 for never. Raft thread only: it reads pysyncobj's
-    own dicts."""
-    if not host._isLeader():
-        return pacer.heard_leader
-    others = list(host.otherNodes)
-    if not others:
-        return time.monotonic()
-    answered = host._SyncObj__lastResponseTime
-    times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
-    return float(times[(len(others) + 1) // 2 - 1])
 
 
 class RaftNode:
     """Hosts one StateMachine on pysyncobj.
 
-    ``submit`` may be called from any thread; its callback and ``on_applied``
-    run on the raft thread and must only hand results to another thread.
+    ``submit`` may be called from any thread; its callback, ``on_applied`` and
+    ``on_role`` run on the raft thread and must only hand results to another thread.
+    ``on_role`` is called whenever this node's role, its known leader or the term
+    changes (and once at the first tick). ``time`` is where the clock exchange reads
+    wall and monotonic time (tests pass fakes).
     """
 
     def __init__(
@@ -440,6 +147,8 @@ class RaftNode:
         *,
         on_applied: AppliedHook | None = None,
         on_restored: Callable[[], None] | None = None,
+        on_role: RoleHook | None = None,
+        time_source: TimeSource | None = None,
     ) -> None:
         if not config.secret:
             raise MissingSecret(
@@ -450,6 +159,8 @@ class RaftNode:
         self._fsm = fsm
         self._on_applied = on_applied
         self._on_restored = on_restored
+        self._on_role = on_role
+        self._clock = ClockSync(time_source or TimeSource())
         self._host: _Host | None = None
         self._replay_upto = 0
         self._thread: threading.Thread | None = None
@@ -460,6 +171,7 @@ class RaftNode:
         self._leaderless_since: float | None = time.monotonic()
         self._last_state = "follower"
         self._last_leader: str | None = None
+        self._last_term: int | None = None  # None: on_role not called yet
         self._cached: NodeStatus | None = None
         self._last_keepalive = 0.0
         self._last_tick = time.monotonic()
@@ -477,7 +189,11 @@ class RaftNode:
         pysyncobj's tick thread holds only a weak proxy to the SyncObj; if the
         constructing thread goes away with the last strong reference the tick
         thread dies silently. Our thread keeps it for the node's whole life.
+
+        Raises ``PysyncobjMismatch`` first if the installed pysyncobj lacks a private
+        name raftlog relies on.
         """
+        check_pysyncobj()
         self._thread = threading.Thread(target=self._own, name="raftlog-owner", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):
@@ -536,15 +252,8 @@ class RaftNode:
             connectionTimeout=2.0,
             useFork=False,
         )
-        durable = c.fsync
-        original = _pso.createJournal
-        # pysyncobj has no journal factory option; swap the module's name for
-        # the duration of construction (our owner thread is the only caller).
-        _pso.createJournal = lambda path=None: _DurableJournal(path) if (path and durable) else original(path)
-        try:
+        with journal_factory(c.fsync):
             return _Host(self, c.raft_addr, list(c.peers), conf)
-        finally:
-            _pso.createJournal = original
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -618,10 +327,6 @@ class RaftNode:
             return
         self._host.removeNodeFromCluster(raft_addr, callback=callback)
 
-    def force_compaction(self) -> None:
-        if self._host is not None:
-            self._host._forceLogCompaction()
-
     # ---- status --------------------------------------------------------------
 
     @property
@@ -657,7 +362,7 @@ class RaftNode:
         if host is None:
             return
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
-            self._pacer = _Pacer(host, self._journal)
+            self._pacer = _Pacer(host, self._journal, self._clock)
         self._pacer.on_tick()
         self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
@@ -673,18 +378,27 @@ class RaftNode:
                 self._leaderless_since = now
         else:
             self._leaderless_since = None
-        if state != self._last_state or leader != self._last_leader:
-            self._log_transition(state, leader, st["raft_term"])
-            self._last_state, self._last_leader = state, leader
+        term = st["raft_term"]
+        if state != self._last_state or leader != self._last_leader or term != self._last_term:
+            if state != self._last_state or leader != self._last_leader:
+                self._log_transition(state, leader, term)
+            self._last_state, self._last_leader, self._last_term = state, leader, term
+            self._tell_role(RoleChange(role=state, leader=leader, term=term))
+        others = [str(node.id) for node in host.otherNodes]
+        clocks = self._clocks_to_leader(leader, others)
         partners = []
         for node in host.otherNodes:
+            clock = clocks.get(str(node.id))
             partners.append(
                 MemberStatus(
                     raft_addr=str(node.id),
                     connected=host.isNodeConnected(node),
                     match_index=st.get("match_idx_server_" + node.id),
+                    clock_offset=None if clock is None else clock.offset,
+                    clock_error=None if clock is None else clock.error,
                 )
             )
+        own = clocks.get(self.config.raft_addr)
         status = NodeStatus(
             raft_addr=self.config.raft_addr,
             state=state,
@@ -697,6 +411,8 @@ class RaftNode:
             partners=tuple(sorted(partners, key=lambda m: m.raft_addr)),
             last_snapshot_index=self._snap.last_index,
             seconds_without_leader=0.0 if self._leaderless_since is None else now - self._leaderless_since,
+            clock_offset=None if own is None else own.offset,
+            clock_error=None if own is None else own.error,
         )
         with self._status_lock:
             self._cached = status
@@ -722,25 +438,21 @@ class RaftNode:
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
 
     def _keepalive(self, host: _Host) -> None:
-        """Keep every link read from, follower-to-follower ones included.
-
-        pysyncobj closes a connection when it *sends* on it and has read nothing
-        for ``connectionTimeout``. Links between followers carry no traffic, so
-        after a leader died the first vote request a survivor sent closed that
-        link instead of reaching its peer, and every failover cost a second
-        election round. A small message pysyncobj ignores (no handler matches
-        its type) keeps the links alive.
-        """
+        """Every ``keepalive`` seconds: see ``transport.send_keepalives``."""
         now = time.monotonic()
         if now - self._last_keepalive < self.config.keepalive:
             return
         self._last_keepalive = now
-        transport = host._SyncObj__transport
-        for node in host.otherNodes:
-            try:
-                transport.send(node, {"type": "rc_keepalive", "batch": 1})
-            except Exception:  # noqa: BLE001 - best effort; the next round tries again
-                log.debug("keepalive to %s failed", node, exc_info=True)
+        send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock)
+
+    def _tell_role(self, change: RoleChange) -> None:
+        hook = self._on_role
+        if hook is None:
+            return
+        try:
+            hook(change)
+        except Exception:  # noqa: BLE001 - the raft thread must go on ticking
+            log.exception("role hook raised on %s", change)
 
     def _log_transition(self, state: str, leader: str | None, term: int) -> None:
         if state == "leader":
@@ -765,3 +477,36 @@ class RaftNode:
         if cached.raft_thread_alive != alive:
             cached = replace(cached, raft_thread_alive=alive)
         return cached
+
+    # ---- the cluster's clock -------------------------------------------------------
+
+    def clock_offset_to_leader(self) -> ClockEstimate | None:
+        """The leader's wall clock minus this node's: (0, 0, 0) on the leader, None while
+        there is no leader or no round trip to it has been measured. Any thread."""
+        st = self.status()
+        if st.leader is None:
+            return None
+        if st.leader == self.config.raft_addr:
+            return ClockEstimate(offset=0.0, error=0.0, age=0.0)
+        return self._clock.estimate(st.leader)
+
+    def member_clocks(self) -> dict[str, ClockEstimate]:
+        """Every member's wall clock minus the leader's, by raft address, this node and the
+        leader (0, 0, 0) included; members not measured yet are left out, and {} while there
+        is no leader. On a follower a peer's estimate goes through this node's own clock, so
+        the two errors add up. Any thread."""
+        st = self.status()
+        return self._clocks_to_leader(st.leader, [p.raft_addr for p in st.partners])
+
+    def _clocks_to_leader(self, leader: str | None, others: list[str]) -> dict[str, ClockEstimate]:
+        if leader is None:
+            return {}
+        me = self.config.raft_addr
+        own = {addr: self._clock.estimate(addr) for addr in others}  # their wall minus ours
+        own[me] = ClockEstimate(offset=0.0, error=0.0, age=0.0)
+        to_leader = own.get(leader)
+        if to_leader is None:
+            return {}
+        clocks = {addr: relative_to(to_leader, est) for addr, est in own.items() if est is not None}
+        clocks[leader] = ClockEstimate(offset=0.0, error=0.0, age=0.0)  # the cluster's time, by definition
+        return clocks

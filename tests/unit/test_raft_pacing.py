@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import NodeConfig, RaftNode, _Pacer
+from raftlog.node import NodeConfig, RaftNode
+from raftlog.pacing import _Pacer
 
 
 class FakePoller:
@@ -186,7 +187,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every fdatasync raftlog.node makes (still done), as the file descriptors it was given."""
     import os
 
-    from raftlog import node as node_module
+    from raftlog import journal as node_module
 
     seen: list[int] = []
     real = os.fdatasync
@@ -195,7 +196,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_the_journal_syncs_each_append_unless_deferred_then_once(tmp_path: Path, syncs: list[int]) -> None:
-    from raftlog import node as node_module
+    from raftlog import journal as node_module
 
     journal = node_module._DurableJournal(str(tmp_path / "j"))
     journal.add(b"a", 1, 1)
@@ -224,7 +225,7 @@ def test_the_journal_grows_past_its_mapping_and_reads_back_as_written(tmp_path: 
     still goes through pysyncobj, and pysyncobj's own reader finds every entry."""
     from pysyncobj.journal import FileJournal
 
-    from raftlog import node as node_module
+    from raftlog import journal as node_module
 
     journal = node_module._DurableJournal(str(tmp_path / "j"))
     journal.defer = True
@@ -250,21 +251,22 @@ def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, 
 
     from pysyncobj import SyncObj
 
-    from raftlog import node as node_module
+    from raftlog import journal as node_module
+    from raftlog.host import _Host
 
     answers: list[tuple[int, int, bool]] = []  # (syncs so far, the index acknowledged, dirty then)
     journal = node_module._DurableJournal(str(tmp_path / "j"))
     monkeypatch.setattr(SyncObj, "_SyncObj__sendNextNodeIdx",
                         lambda self, node, reset=False, nextNodeIdx=None, success=False:
                         answers.append((len(syncs), nextNodeIdx, journal._rc_dirty)))
-    follower = object.__new__(node_module._Host)  # only the answer path of the real class
+    follower = object.__new__(_Host)  # only the answer path of the real class
     follower._rc_owner = SimpleNamespace(_journal=journal)
 
     class Follower(FakeHost):
         def _SyncObj__onMessageReceived(self, node: str, message: Any) -> None:  # noqa: N802
             for entry in message["entries"]:  # what pysyncobj does with an AppendEntries
                 journal.add(*entry)
-            node_module._Host._SyncObj__sendNextNodeIdx(follower, node, nextNodeIdx=message["entries"][-1][1] + 1,
+            _Host._SyncObj__sendNextNodeIdx(follower, node, nextNodeIdx=message["entries"][-1][1] + 1,
                                                       success=True)
 
     journal.add(b"c1", 1, 2)
@@ -283,7 +285,7 @@ def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, 
 def test_term_and_vote_are_stored_synced_and_renamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from raftlog import node as node_module
+    from raftlog import journal as node_module
 
     synced: list[int] = []
     real = os.fsync
@@ -341,7 +343,7 @@ def test_leader_contact_age_as_a_follower_and_as_a_leader(tmp_path: Path) -> Non
     """How long a node has been out of touch with a leader that has a quorum: what a worker
     checks before it starts an attempt claimed for it. The raft thread notes the instant each
     tick (``_contact_at``); the age is read from it."""
-    from raftlog.node import _contact_at
+    from raftlog.pacing import _contact_at
 
     node = RaftNode(NodeConfig(raft_addr="127.0.0.1:1", peers=(), data_dir=tmp_path, secret="s"),
                     fsm=None)  # type: ignore[arg-type]
@@ -387,7 +389,7 @@ def test_forwarded_commands_and_their_answers_travel_in_one_message_per_peer_and
     """A follower forwards each command to the leader as its own message, and the leader
     answers each: batched per peer within one _checkCommandsToApply, to peers that said (in
     their keepalive) that they read batches; the receiver delivers them one by one, in order."""
-    from raftlog.node import _Host
+    from raftlog.host import _Host
 
     leader, old = Peer("10.0.0.1:7001"), Peer("10.0.0.2:7001")
     sent: list[tuple[str, Any]] = []
