@@ -191,6 +191,7 @@ class _ScrapeCollector:
         yield _gauge("apply_lag", "Committed entries not yet applied on this node",
                      max(0, st.commit_index - st.applied_index))
         yield _gauge("has_quorum", "1 while this node sees a majority", 1 if st.has_quorum else 0)
+        yield _clock_offsets(st, m.state)
         state = m.state
         by_status = Tally(r["status"] for r in list(state.runs.values()))
         ledger = GaugeMetricFamily(PREFIX + "ledger_runs", "Runs held in the ledger now, by status",
@@ -209,6 +210,18 @@ class _ScrapeCollector:
         yield _gauge("worker_pending_reports", "Starts and results this worker has not had committed yet",
                      w.pending_reports if w is not None else 0)
         yield _gauge("worker_busy_attempts", "Attempts executing on this node", w.busy if w is not None else 0)
+
+
+def _clock_offsets(st: NodeStatus, state: State) -> GaugeMetricFamily:
+    """Each member's wall clock minus the leader's, for the members with a known offset."""
+    family = GaugeMetricFamily(PREFIX + "clock_offset_seconds", "A member's wall clock minus the leader's "
+                               "(the cluster's time), as estimated by this node", labels=("node",))
+    ids = {n["raft_addr"]: n["node_id"] for n in list(state.nodes.values())}
+    offsets = [(st.raft_addr, st.clock_offset), *((p.raft_addr, p.clock_offset) for p in st.partners)]
+    for addr, offset in offsets:
+        if offset is not None:
+            family.add_metric((ids.get(addr, addr),), offset)
+    return family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

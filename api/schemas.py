@@ -93,7 +93,11 @@ _NODE_REF = {"type": "object", "nullable": True, "properties": {
 _MEMBER = {"type": "object", "properties": {
     "node_id": {"type": "string", "nullable": True}, "raft_addr": {"type": "string"},
     "http_addr": {"type": "string", "nullable": True}, "role": {"type": "string"},
-    "reachable": {"type": "boolean"}, "lag": {"type": "integer", "nullable": True}},
+    "reachable": {"type": "boolean"}, "lag": {"type": "integer", "nullable": True},
+    "clock_offset_ms": {"type": "number", "nullable": True,
+                        "description": "this member's wall clock minus the leader's, in ms; null while unknown"},
+    "clock_error_ms": {"type": "number", "nullable": True,
+                       "description": "bound on the error of clock_offset_ms, in ms; null while unknown"}},
     "required": ["raft_addr", "role", "reachable"]}
 
 

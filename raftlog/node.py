@@ -130,6 +130,16 @@ _STATES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
 
+def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None) -> MemberStatus:
+    return MemberStatus(
+        raft_addr=str(node.id),
+        connected=host.isNodeConnected(node),
+        match_index=st.get("match_idx_server_" + node.id),
+        clock_offset=None if clock is None else clock.offset,
+        clock_error=None if clock is None else clock.error,
+    )
+
+
 class RaftNode:
     """Hosts one StateMachine on pysyncobj.
 
@@ -378,26 +388,9 @@ class RaftNode:
                 self._leaderless_since = now
         else:
             self._leaderless_since = None
-        term = st["raft_term"]
-        if state != self._last_state or leader != self._last_leader or term != self._last_term:
-            if state != self._last_state or leader != self._last_leader:
-                self._log_transition(state, leader, term)
-            self._last_state, self._last_leader, self._last_term = state, leader, term
-            self._tell_role(RoleChange(role=state, leader=leader, term=term))
-        others = [str(node.id) for node in host.otherNodes]
-        clocks = self._clocks_to_leader(leader, others)
-        partners = []
-        for node in host.otherNodes:
-            clock = clocks.get(str(node.id))
-            partners.append(
-                MemberStatus(
-                    raft_addr=str(node.id),
-                    connected=host.isNodeConnected(node),
-                    match_index=st.get("match_idx_server_" + node.id),
-                    clock_offset=None if clock is None else clock.offset,
-                    clock_error=None if clock is None else clock.error,
-                )
-            )
+        self._note_role(state, leader, st["raft_term"])
+        clocks = self._clocks_to_leader(leader, [str(node.id) for node in host.otherNodes])
+        partners = [_member(host, node, st, clocks.get(str(node.id))) for node in host.otherNodes]
         own = clocks.get(self.config.raft_addr)
         status = NodeStatus(
             raft_addr=self.config.raft_addr,
@@ -416,6 +409,14 @@ class RaftNode:
         )
         with self._status_lock:
             self._cached = status
+
+    def _note_role(self, state: str, leader: str | None, term: int) -> None:
+        if state == self._last_state and leader == self._last_leader and term == self._last_term:
+            return
+        if state != self._last_state or leader != self._last_leader:
+            self._log_transition(state, leader, term)
+        self._last_state, self._last_leader, self._last_term = state, leader, term
+        self._tell_role(RoleChange(role=state, leader=leader, term=term))
 
     def _excuse_own_stall(self, host: _Host) -> None:
         """A follower that was itself busy (a long apply, a starved thread) must not

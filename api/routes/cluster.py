@@ -48,11 +48,16 @@ def cluster_view(ctx: ApiContext) -> dict[str, Any]:
         lag = None
         if st.state == "leader" and p is not None and p.match_index is not None:
             lag = max(0, st.commit_index - p.match_index)
+        # This member's wall clock minus the leader's (the cluster's time), and the bound on
+        # that estimate's error; null while unknown.
+        offset, error = (st.clock_offset, st.clock_error) if me else (
+            (p.clock_offset, p.clock_error) if p is not None else (None, None))
         members.append({
             "node_id": reg.get("node_id"), "raft_addr": addr, "http_addr": reg.get("http_addr"),
             "role": role, "reachable": True if me else bool(p and p.connected), "lag": lag,
             "tags": reg.get("tags", {}), "allow_shell": reg.get("allow_shell", False),
             "in_configuration": me or p is not None,
+            "clock_offset_ms": _ms(offset), "clock_error_ms": _ms(error),
         })
     return {
         "node_id": ctx.node_id, "leader": _node_of(ctx, st.leader), "term": st.term, "state": st.state,
@@ -61,6 +66,10 @@ def cluster_view(ctx: ApiContext) -> dict[str, Any]:
         "seconds_without_leader": round(st.seconds_without_leader, 3),
         "last_snapshot_index": st.last_snapshot_index, "members": members,
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
 
 
 async def _cluster(request: web.Request, args: dict[str, Any]) -> web.Response:

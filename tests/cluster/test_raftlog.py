@@ -5,13 +5,16 @@ our thread in msgpack; restart from dump + journal."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgpack
 import pytest
 
-from raftlog import ApplyContext, Bridge, MissingSecret, NodeConfig, RaftNode
+from raftlog import ApplyContext, Bridge, MissingSecret, NodeConfig, RaftNode, RoleChange
+from raftlog.clock import TimeSource
 from raftlog.snapshot import MAGIC
 
 from .harness import free_ports, wait_for
@@ -44,13 +47,17 @@ class KV:
         self.data = msgpack.unpackb(data)
 
 
-def _cluster(tmp: Path, compaction: int = 20000) -> list[RaftNode]:
+def _cluster(tmp: Path, compaction: int = 20000, skews: tuple[float, ...] = (0.0, 0.0, 0.0),
+             roles: list[list[RoleChange]] | None = None) -> list[RaftNode]:
     ports = free_ports(3)
     nodes = []
     for i, p in enumerate(ports):
         cfg = NodeConfig(raft_addr=f"127.0.0.1:{p}", peers=tuple(f"127.0.0.1:{q}" for q in ports if q != p),
                          data_dir=tmp / f"n{i}", secret="s", compaction_entries=compaction)
-        nodes.append(RaftNode(cfg, KV()))
+        # A wall clock off by skews[i] (monotonic time untouched), as libfaketime would make it.
+        wall = (lambda skew: lambda: time.time() + skew)(skews[i])
+        on_role = None if roles is None else roles[i].append
+        nodes.append(RaftNode(cfg, KV(), on_role=on_role, time_source=TimeSource(wall=wall)))
     for n in nodes:
         n.start()
     return nodes
@@ -147,3 +154,34 @@ def test_raft_port_binds_only_the_given_address(tmp_path: Path) -> None:
         assert _listeners(port) == {"0100007F"}, "raft must listen on 127.0.0.1 only, never 0.0.0.0"
     finally:
         node.stop()
+
+
+def test_members_clocks_are_measured_against_the_leaders_and_roles_arrive_as_events(tmp_path: Path) -> None:
+    skews = (0.0, 3.0, 0.0)  # the second node's wall clock runs 3 s ahead
+    roles: list[list[RoleChange]] = [[], [], []]
+    nodes = _cluster(tmp_path, skews=skews, roles=roles)
+    addrs = [n.config.raft_addr for n in nodes]
+
+    def views() -> tuple[str, list[dict[str, Any]]] | None:
+        leaders = {n.status().leader for n in nodes}
+        clocks = [n.member_clocks() for n in nodes]
+        if len(leaders) != 1 or None in leaders or any(set(c) != set(addrs) for c in clocks):
+            return None
+        return leaders.pop(), clocks  # type: ignore[return-value]
+
+    try:
+        leader, clocks = wait_for("every node to measure every member's clock against one leader", views)
+        lead = addrs.index(leader)
+        for i, view in enumerate(clocks):
+            assert nodes[i].clock_offset_to_leader() is not None
+            for j, addr in enumerate(addrs):
+                est, truth = view[addr], skews[j] - skews[lead]
+                assert abs(est.offset - truth) <= est.error + 1e-6, (i, addr, est, truth)
+                assert est.error < 0.25 and est.age < 10, (i, addr, est)
+        for i, n in enumerate(nodes):
+            last = roles[i][-1]
+            assert last.leader == leader and last.term == n.status().term
+            assert last.role == ("leader" if addrs[i] == leader else "follower"), roles[i]
+    finally:
+        for n in nodes:
+            n.stop()
