@@ -83,6 +83,9 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 )
 
 
+_verified = False
+
+
 class PysyncobjMismatch(RuntimeError):
     """The installed pysyncobj lacks a private name raftlog relies on."""
 
@@ -108,21 +111,26 @@ def _installed() -> str:
         return "unknown"
 
 
-def _assigned_in_source(owner: Any, name: str) -> bool:
+def _source(owner: Any) -> str:
+    try:
+        return inspect.getsource(owner)
+    except (OSError, TypeError):
+        return ""
+
+
+def _assigned_in_source(source: str, name: str) -> bool:
     # ``_SyncObj__raftLog`` is written ``self.__raftLog`` in SyncObj's own source.
     spelled = re.sub(r"^_[A-Za-z0-9]+(__)", r"\1", name) if "__" in name[1:] else name
-    try:
-        source = inspect.getsource(owner)
-    except (OSError, TypeError):
-        return False
     return re.search(r"\bself\." + re.escape(spelled) + r"\s*=(?!=)", source) is not None
 
 
-def _present(owner: Any, entry: PrivateName) -> bool:
+def _present(owner: Any, entry: PrivateName, sources: dict[str, str]) -> bool:
     if entry.kind == "global":
         return hasattr(owner, entry.name)
     if entry.kind == "attribute":
-        return _assigned_in_source(owner, entry.name)
+        if entry.owner not in sources:
+            sources[entry.owner] = _source(owner)
+        return _assigned_in_source(sources[entry.owner], entry.name)
     found = inspect.getattr_static(owner, entry.name, None)
     if entry.kind == "property":
         return isinstance(found, property)
@@ -132,11 +140,17 @@ def _present(owner: Any, entry: PrivateName) -> bool:
 def check_pysyncobj(owners: Mapping[str, Any] | None = None) -> None:
     """Raise ``PysyncobjMismatch`` naming every entry of ``PRIVATE_NAMES`` the installed
     pysyncobj lacks (``owners`` replaces the real classes and modules, for tests)."""
+    global _verified
+    if owners is None and _verified:
+        return
     table = _real_owners() if owners is None else owners
-    missing = [e for e in PRIVATE_NAMES if not _present(table[e.owner], e)]
+    sources: dict[str, str] = {}
+    missing = [e for e in PRIVATE_NAMES if not _present(table[e.owner], e, sources)]
     if missing:
         names = "; ".join(f"{e.owner}.{e.name} ({e.kind}: {e.use})" for e in missing)
         raise PysyncobjMismatch(
             f"the installed pysyncobj {_installed()} lacks what raftlog relies on: {names}. "
             f"raftlog is written against pysyncobj=={PINNED}; install that version"
         )
+    if owners is None:
+        _verified = True  # the installed pysyncobj does not change under a running process
