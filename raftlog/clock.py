@@ -15,7 +15,10 @@ minus our monotonic time), so a step of our own wall clock after the sample move
 offset with it at once. Of the last ``SAMPLES`` per peer the one with the smallest
 delay is used (NTP's clock filter: queueing only ever adds delay, and the least
 queued sample is the most accurate); its error bound grows with its age by
-``DRIFT`` to cover the two clocks' rates drifting apart since.
+``DRIFT`` to cover the two clocks' rates drifting apart since. The true offset lies
+within every sample's bound, so a new sample whose bound does not meet an older
+one's proves the peer's clock was stepped in between: the older ones are dropped,
+and a step shows in the estimate at the next round, not after ``SAMPLES`` rounds.
 
 Thread-safety: samples are added on the raft thread and read from any thread.
 """
@@ -70,7 +73,10 @@ class _Asked:
 
 @dataclass(slots=True)
 class ClockSync:
-    """One node's estimates of its peers' wall clocks, and its side of the exchange."""
+    """One node's estimates of its peers' wall clocks, and its side of the exchange.
+
+    ``request``, ``answer`` and ``take`` run on the raft thread only; ``estimate``
+    on any thread."""
 
     time: TimeSource = field(default_factory=TimeSource)
     peers: set[str] = field(default_factory=set)  # peers that announced they read clock messages
@@ -114,7 +120,13 @@ class ClockSync:
         offset = ((t2 - asked.t1) + (t3 - t4)) / 2
         sample = _Sample(peer_minus_mono=offset + asked.t1 - asked.m1, delay=delay, taken=m4)
         with self._lock:
-            self._samples.setdefault(peer, deque(maxlen=SAMPLES)).append(sample)
+            kept = self._samples.setdefault(peer, deque(maxlen=SAMPLES))
+            consistent = [s for s in kept if abs(s.peer_minus_mono - sample.peer_minus_mono)
+                          <= s.delay / 2 + DRIFT * (m4 - s.taken) + sample.delay / 2]
+            if len(consistent) < len(kept):  # the peer's clock was stepped since those
+                kept.clear()
+                kept.extend(consistent)
+            kept.append(sample)
         return True
 
     def estimate(self, peer: str) -> ClockEstimate | None:

@@ -25,7 +25,11 @@ know them:
   our listening sockets);
 - AppendEntries go out as soon as a follower has acknowledged what it was sent
   (not only every ``append_period``), and a follower never truncates entries
-  it already holds from the current leader (see ``_Pacer``).
+  it already holds from the current leader (see ``_Pacer``);
+- the cluster's time is the leader's wall clock; each node estimates every peer's
+  wall clock against its own from round trips on the keepalive cadence (see
+  ``clock``), and no wall time of one node is compared with another's anywhere
+  else (a node's wall clock may be seconds off: it is reported, never trusted).
 """
 
 from __future__ import annotations
@@ -126,8 +130,6 @@ RoleHook = Callable[[RoleChange], None]
 
 
 _STATES = {0: "follower", 1: "candidate", 2: "leader"}
-
-
 
 
 def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None) -> MemberStatus:

@@ -263,3 +263,20 @@ def test_the_leaders_view(tmp_path: Path) -> None:
     assert set(clocks) == {"me", "b"}  # c not measured yet
     assert clocks["me"] == ClockEstimate(0.0, 0.0, 0.0)
     assert clocks["b"].offset == pytest.approx(0.5) and clocks["b"].error == pytest.approx(0.005)
+
+
+def test_a_step_of_the_peers_wall_clock_shows_at_the_next_round() -> None:
+    world = World()
+    peer = world.node(3.0, 20.0)
+    a, b = ClockSync(world.node(0.0, 10.0).source()), ClockSync(peer.source())
+    for _ in range(3):
+        round_trip(world, a, b, 0.001, 0.001)
+        world.now += 0.5
+    peer.skew = 8.0  # an operator steps the peer's clock 5 s forward
+    round_trip(world, a, b, 0.05, 0.05)  # a slower round than the three before it
+    est = a.estimate("b")
+    assert est is not None and abs(est.offset - 8.0) <= est.error
+    assert est.error == pytest.approx(0.05)  # the older, quicker samples were dropped, not preferred
+    round_trip(world, a, b, 0.01, 0.01)  # samples after the step are kept together
+    est = a.estimate("b")
+    assert est is not None and est.error == pytest.approx(0.01) and abs(est.offset - 8.0) <= est.error
