@@ -148,7 +148,7 @@ class RaftNode:
     ``submit`` may be called from any thread; its callback, ``on_applied`` and
     ``on_role`` run on the raft thread and must only hand results to another thread.
     ``on_role`` is called whenever this node's role, its known leader or the term
-    changes (and once at the first tick). ``time`` is where the clock exchange reads
+    changes (and once at the first tick). ``time_source`` is where the clock exchange reads
     wall and monotonic time (tests pass fakes).
     """
 

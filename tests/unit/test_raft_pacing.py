@@ -1,5 +1,6 @@
-"""raftlog.node's additions to pysyncobj's timing and durability, against stand-ins for its internals:
-the follower-side trim of AppendEntries it already holds, eager sends, and the stall excuse."""
+"""raftlog's additions to pysyncobj's timing and durability (pacing, journal, host), against
+stand-ins for its internals: the follower-side trim of AppendEntries it already holds, eager
+sends, and the stall excuse."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def test_a_followers_own_long_tick_pushes_its_election_deadline_past_it(
 
 @pytest.fixture
 def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every fdatasync raftlog.node makes (still done), as the file descriptors it was given."""
+    """Every fdatasync raftlog.journal makes (still done), as the file descriptors it was given."""
     import os
 
     from raftlog import journal as node_module
