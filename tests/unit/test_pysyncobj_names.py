@@ -73,3 +73,17 @@ def test_a_missing_module_global_and_a_property_turned_method_are_named() -> Non
         check_pysyncobj({**_real_owners(), "pysyncobj.journal": journal, "SyncObj": Renamed})
     message = str(caught.value)
     assert "pysyncobj.journal.dumps (global" in message and "SyncObj.raftLastApplied (property" in message
+
+
+def test_a_node_refuses_to_start_on_a_pysyncobj_without_a_name(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from raftlog import pysyncobj_names
+    from raftlog.node import NodeConfig, RaftNode
+
+    monkeypatch.setattr(pysyncobj_names, "_verified", False)  # as in a fresh process
+    monkeypatch.delattr(SyncObj, "_SyncObj__sendNextNodeIdx")
+    node = RaftNode(NodeConfig(raft_addr="127.0.0.1:1", peers=(), data_dir=tmp_path, secret="s"),
+                    fsm=None)  # type: ignore[arg-type]
+    with pytest.raises(PysyncobjMismatch, match="_SyncObj__sendNextNodeIdx"):
+        node.start(timeout=5)
+    assert node._thread is None  # refused before any thread or socket
