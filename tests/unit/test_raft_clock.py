@@ -242,7 +242,8 @@ def test_a_followers_view_of_every_members_clock_against_the_leaders(tmp_path: P
     measure(world, node, "lead", 4.0, 0.02)
     measure(world, node, "other", -1.0, 0.04)
     to_leader = node.clock_offset_to_leader()
-    assert to_leader is not None and to_leader.offset == pytest.approx(3.0) and to_leader.error == pytest.approx(0.01, abs=1e-5)
+    assert to_leader is not None and to_leader.offset == pytest.approx(3.0)
+    assert to_leader.error == pytest.approx(0.01, abs=1e-5)
     clocks = node.member_clocks()
     assert set(clocks) == {"me", "lead", "other"}
     assert clocks["lead"] == ClockEstimate(0.0, 0.0, 0.0)
