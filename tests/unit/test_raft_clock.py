@@ -176,7 +176,7 @@ class Host:
 def test_a_peer_that_does_not_announce_the_clock_exchange_is_never_sent_it() -> None:
     world, _, a, _b = pair(3.0)
     host = Host()
-    pacer = _Pacer(host, None, a)  # type: ignore[arg-type]
+    pacer = _Pacer(host, None, a)
     old, new = Peer("10.0.0.2:7001"), Peer("10.0.0.3:7001")
     wire = host._SyncObj__transport
     for _ in range(3):
@@ -197,8 +197,8 @@ def test_two_nodes_time_each_other_through_their_pacers() -> None:
     a_clock = ClockSync(world.node(0.0, 1.0).source())
     b_clock = ClockSync(world.node(-3.0, 2.0).source())
     a_host, b_host = Host(), Host()
-    a_pacer = _Pacer(a_host, None, a_clock)  # type: ignore[arg-type]
-    b_pacer = _Pacer(b_host, None, b_clock)  # type: ignore[arg-type]
+    a_pacer = _Pacer(a_host, None, a_clock)
+    b_pacer = _Pacer(b_host, None, b_clock)
     a_peer, b_peer = Peer("a"), Peer("b")
     a_host._SyncObj__transport.far = (b_pacer, a_peer)
     b_host._SyncObj__transport.far = (a_pacer, b_peer)
