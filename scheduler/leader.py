@@ -96,7 +96,7 @@ class LeaderLoop:
                 log.warning("leader tick could not commit: %s", exc)
                 if not self.svc.node.is_leader():
                     break
-                await asyncio.sleep(self.cfg.tick)
+                await self.clock.sleep(self.cfg.tick)
             await self._sleep()
         log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
 
@@ -109,7 +109,7 @@ class LeaderLoop:
                     return term
             except RaftcronError as exc:
                 log.info("barrier not committed yet: %s", exc)
-            await asyncio.sleep(self.cfg.tick)
+            await self.clock.sleep(self.cfg.tick)
         return None
 
     async def _sleep(self) -> None:
@@ -117,10 +117,7 @@ class LeaderLoop:
         if self._heap:
             wait = min(wait, max(0.0, (self._heap[0][0] - self.svc.now_us()) / 1e6))
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), wait)
-        except TimeoutError:
-            pass
+        await self.clock.wait_for(self._wake, wait)
 
     async def _tick(self, led_since: float) -> None:
         now = self.svc.now_us()
