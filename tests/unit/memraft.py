@@ -121,8 +121,11 @@ class MemoryCommitter:
             else:
                 fut.set_exception(UnknownOutcome(str(err), "outcome unknown"))
 
-        # As the bridge's relay does: the result is delivered on a later turn of the loop.
-        self.node.submit(payload, lambda result, err: asyncio.get_running_loop().call_soon(settle, result, err))
+        def callback(result: Any, err: int) -> None:
+            # As the bridge's relay does: the result is delivered on a later turn of the loop.
+            fut.get_loop().call_soon(settle, result, err)
+
+        self.node.submit(payload, callback)
         return await fut
 
     async def add_member(self, raft_addr: str, timeout: float = 10.0) -> None:

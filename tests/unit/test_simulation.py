@@ -10,11 +10,13 @@ each slot's firing instant is exact.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from memraft import MemoryCommitter, MemoryNode
+
 from scheduler.clock import FakeClock
 from scheduler.commands import PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
@@ -24,8 +26,6 @@ from scheduler.planner import PlanConfig, from_us, us
 from scheduler.service import Service
 from scheduler.state import State
 from scheduler.worker import Worker
-
-UTC = timezone.utc
 
 
 @dataclass
