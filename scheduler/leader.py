@@ -5,8 +5,11 @@ is planned, so every claim an earlier leader committed is visible. Then a
 timer heap of each job's next decision time drives ``planner.plan_job``: no
 scan of all jobs per tick. Everything one tick decides goes into as few
 ``ClaimSlots`` entries as the size cap allows. The loop ends the moment a
-commit says this node no longer leads, or the agent cancels it on a
-leadership change; being "leader" is never a lock, only a committed claim is.
+commit says this node no longer leads, or the runtime (``runtime.py``)
+cancels it on a leadership change; being "leader" is never a lock, only a
+committed claim is. An exception out of ``run`` ends this loop; the runtime
+starts a fresh one, barrier first, after a backoff. Every wait is on the
+``Clock`` (a tick, or a wake-up from ``notify``), so a FakeClock drives it.
 """
 
 from __future__ import annotations
