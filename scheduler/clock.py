@@ -178,7 +178,8 @@ class FakeClock:
             busy = [t for t in asyncio.all_tasks() if t is not me and not t.done() and not self._is_parked(t)]
             if not busy:
                 return
-        raise AssertionError(f"tasks still runnable after {bound} turns of the loop: {[t.get_name() for t in busy]}")
+        raise AssertionError(f"after {bound} turns of the loop, tasks not (yet) waiting on this clock: "
+                             f"{[t.get_name() for t in busy]}")
 
     def _is_parked(self, task: asyncio.Task[Any]) -> bool:
         parked = self._parked.get(task)

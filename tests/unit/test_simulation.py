@@ -86,7 +86,7 @@ async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | No
     node.hooks += [lambda a: worker.on_applied(a, False), leader.notify]
     await service.propose(RegisterNode(at_us=us(start), node_id="n1", raft_addr="mem:1", http_addr="mem:2"))
     worker.start()
-    task = asyncio.create_task(leader.run())
+    task = asyncio.create_task(leader.run(), name="leader")
     sim = Sim(clock, state, node, service, worker, leader, executor, task)
     # A change of role or term wakes the leader loop (whichever runs now), as the runtime does.
     node.role_hooks.append(lambda change: sim.leader.wake())
