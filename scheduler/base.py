@@ -1,4 +1,4 @@
-"""The scheduler's seams to the raft layer: what it needs of a node, and of the way to commit.
+"""The scheduler's seams: what it needs of a raft node and of the way to commit, and who watches.
 
 ``RaftPort`` is all the scheduler asks of a raft node (``raftlog.RaftNode`` in
 production, an in-memory replica in tests); ``Committer`` is the awaitable
@@ -8,6 +8,8 @@ is checked by mypy like the real thing, with no ``type: ignore``.
 ``ClockEstimate`` and ``RoleChange`` describe, by their fields, the values the
 node hands over (``raftlog``'s frozen dataclasses of the same names): read-only
 properties, so any object with those fields fits.
+
+``Observer`` is told what the runtime sees happen (the agent's metrics).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any, Protocol
 
 from raftlog import NodeStatus
 
-__all__ = ["ClockEstimate", "Committer", "RaftPort", "RoleChange", "ObservedRole", "observed_role"]
+from .state import Applied
+
+__all__ = ["ClockEstimate", "Committer", "Observer", "RaftPort", "RoleChange", "ObservedRole", "observed_role"]
 
 SubmitCallback = Callable[[Any, int], None]
 
@@ -109,3 +113,15 @@ class Committer(Protocol):
     async def add_member(self, raft_addr: str, timeout: float = 10.0) -> None: ...
 
     async def remove_member(self, raft_addr: str, timeout: float = 10.0) -> None: ...
+
+
+class Observer(Protocol):
+    """Told what happens on this node (the agent's metrics); called on the event loop, must not raise."""
+
+    def on_applied(self, applied: Applied, replay: bool) -> None: ...
+
+    def run_started(self, job: str, lateness_s: float) -> None: ...
+
+    def run_finished(self, job: str, status: str, duration_s: float) -> None: ...
+
+    def alert_delivered(self, outcome: str) -> None: ...

@@ -25,13 +25,13 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from raftlog import ApplyContext
 from raftlog.bridge import Relay
 
 from .alert_sender import AlertSender
-from .base import Committer, RaftPort, RoleChange, observed_role
+from .base import Committer, Observer, RaftPort, RoleChange, observed_role
 from .clock import Clock
 from .commands import RegisterNode
 from .errors import RaftcronError
@@ -42,21 +42,9 @@ from .service import Service
 from .state import Applied, State
 from .worker import Worker
 
-__all__ = ["Observer", "RuntimeConfig", "SchedulerRuntime"]
+__all__ = ["RuntimeConfig", "SchedulerRuntime"]
 
 log = logging.getLogger("raftcron.runtime")
-
-
-class Observer(Protocol):
-    """Told what happens on this node (the agent's metrics); called on the event loop, must not raise."""
-
-    def on_applied(self, applied: Applied, replay: bool) -> None: ...
-
-    def run_started(self, job: str, lateness_s: float) -> None: ...
-
-    def run_finished(self, job: str, status: str, duration_s: float) -> None: ...
-
-    def alert_delivered(self, outcome: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
