@@ -1,8 +1,9 @@
-"""`raftcron agent`: the composition root.
+"""`raftcron agent`: the process around one node.
 
-Builds the raft node around the state machine, the worker, the leader loop
-(started and stopped as leadership comes and goes) and the HTTP API; runs
-them until SIGTERM or SIGINT, then shuts down in reverse order.
+Parses the arguments, builds the raft node around the state machine, hands it
+to the scheduler's runtime (``scheduler/runtime.py``: worker, leader loop,
+alert sender) and serves the HTTP API; runs them until SIGTERM or SIGINT,
+then shuts down in reverse order.
 """
 
 from __future__ import annotations
@@ -16,25 +17,20 @@ import signal
 import socket
 import sys
 import zoneinfo
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from raftlog import ApplyContext, Bridge, MissingSecret, NodeConfig, RaftNode
-from raftlog.bridge import Relay
-from scheduler.alert_sender import AlertSender
+from raftlog import Bridge, MissingSecret, NodeConfig, RaftNode
+from scheduler.base import ClockEstimate, ObservedRole, observed_role
 from scheduler.clock import SystemClock
-from scheduler.commands import RegisterNode
 from scheduler.duration import parse_duration
-from scheduler.errors import RaftcronError
 from scheduler.executors import HttpExecutor, ShellExecutor
-from scheduler.leader import LeaderConfig, LeaderLoop
-from scheduler.planner import PlanConfig, us
-from scheduler.service import Service
-from scheduler.state import Applied, State
-from scheduler.worker import Worker
+from scheduler.runtime import RuntimeConfig, SchedulerRuntime
+from scheduler.state import State
 
 from .app import create_app
 from .context import ApiContext, Tokens
@@ -127,64 +123,59 @@ def _split(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class _Node(RaftNode):
+    """RaftNode as the scheduler's ``RaftPort``.
+
+    The port declares the node's clock readings, which RaftNode does not measure in
+    this tree yet: until it does, both read as unknown. Once RaftNode has them this
+    class goes and the node itself is the port.
+    """
+
+    def clock_offset_to_leader(self) -> ClockEstimate | None:
+        measured = getattr(super(), "clock_offset_to_leader", None)
+        return measured() if measured is not None else None
+
+    def member_clocks(self) -> Mapping[str, ClockEstimate]:
+        measured = getattr(super(), "member_clocks", None)
+        return measured() if measured is not None else {}
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, advertise_http: str | None = None) -> None:
         self.cfg = cfg
         self.advertise_http = advertise_http or cfg.http_addr
         self.clock = SystemClock()
         self.state = State()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.relay: Relay | None = None
         self.node: RaftNode | None = None
-        self.leader: LeaderLoop | None = None
-        self._leader_task: asyncio.Task[None] | None = None
+        self.runtime: SchedulerRuntime | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         self.http = HttpExecutor(now=self.clock.now)
-        self.worker: Worker | None = None
         self.metrics: Metrics | None = None
-
-    # ---- raft thread -> event loop ----------------------------------------------------
-
-    def _on_applied(self, ctx: ApplyContext, result: Any) -> None:
-        relay = self.relay
-        if relay is None or not isinstance(result, Applied):
-            return
-        relay.post(self._dispatch, result, ctx.replay)
-
-    def _dispatch(self, applied: Applied, replay: bool) -> None:
-        if self.metrics is not None:
-            self.metrics.on_applied(applied, replay)
-        if self.worker is not None:
-            self.worker.on_applied(applied, replay)
-        if self.leader is not None and self._leader_task is not None and not self._leader_task.done():
-            self.leader.notify(applied)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        # One queue for applied entries and settled submits: they reach the loop in the
-        # order the raft thread produced them.
-        self.relay = Relay(self.loop)
+        loop = asyncio.get_running_loop()
         c = self.cfg
-        node = RaftNode(
+        runtime = SchedulerRuntime(
+            self.state, self.clock,
+            RuntimeConfig(node_id=c.node_id, raft_addr=c.raft_addr, http_addr=self.advertise_http, tags=c.tags,
+                          allow_shell=c.allow_shell, lease=c.lease, alert_webhook=c.alert_webhook),
+            {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)}, loop)
+        self.runtime = runtime
+        node = _Node(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
                        compaction_entries=c.compaction_entries),
-            self.state, on_applied=self._on_applied,
+            self.state, on_applied=runtime.applied_from_raft,
         )
         await asyncio.to_thread(node.start)
         self.node = node
-        service = Service(self.state, node, Bridge(node, self.loop, self.relay), self.clock, c.node_id)
-        self.service = service
-        self.worker = Worker(service, self.clock, {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)},
-                             lease=c.lease)
-        self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status, worker=self.worker)
-        self.worker.on_start, self.worker.on_finish = self.metrics.run_started, self.metrics.run_finished
-        self.worker.start()
+        self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status)
+        service = runtime.start(node, Bridge(node, loop, runtime.relay), observer=self.metrics)
+        self.metrics.worker = runtime.worker
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=self.live, tokens=Tokens(c.api_token, c.api_read_token),
-                         extras={"metrics": self.metrics, "observe_api": self.metrics.observe_api})
+                         live=runtime.live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics)
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
         await self._runner.setup()
@@ -193,83 +184,38 @@ class Agent:
         log.info("node %s: API on http://%s, raft on %s, peers %s", c.node_id, c.http_addr, c.raft_addr,
                  ", ".join(c.peers) or "(none: single-node cluster)")
         self._tasks = [
-            asyncio.create_task(self._register(), name="register"),
-            asyncio.create_task(self._watch_leadership(), name="leadership"),
+            asyncio.create_task(self._watch_role(node, runtime), name="leadership"),
             asyncio.create_task(self._watch_peers(), name="peer-watch"),
-            asyncio.create_task(self.worker.report_orphans(node.replay_upto), name="orphans"),
         ]
 
     async def stop(self) -> None:
         log.info("shutting down")
-        for t in [*self._tasks, *([self._leader_task] if self._leader_task else [])]:
+        for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *([self._leader_task] if self._leader_task else []), return_exceptions=True)
-        if self.worker is not None:
-            await self.worker.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.runtime is not None:
+            await self.runtime.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.http.close()
         if self.node is not None:
             await asyncio.to_thread(self.node.stop)
-        self.loop = None
 
     # ---- background duties -----------------------------------------------------------------
 
-    def live(self) -> set[str]:
-        """Node ids this node can reach now (itself included), by raft connectivity."""
-        if self.node is None:
-            return set()
-        st = self.node.status()
-        addrs = {p.raft_addr for p in st.partners if p.connected} | {self.cfg.raft_addr}
-        return {n["node_id"] for n in list(self.state.nodes.values()) if n["raft_addr"] in addrs}
+    async def _watch_role(self, node: RaftNode, runtime: SchedulerRuntime) -> None:
+        """Hands the runtime each change of role, leader or term, as RaftNode(on_role=...) will.
 
-    async def _register(self) -> None:
-        c = self.cfg
-        cmd = RegisterNode(at_us=us(self.clock.now()), node_id=c.node_id, raft_addr=c.raft_addr,
-                           http_addr=self.advertise_http, tags=dict(c.tags), allow_shell=c.allow_shell)
-        want = {"node_id": c.node_id, "raft_addr": c.raft_addr, "http_addr": self.advertise_http,
-                "tags": dict(c.tags), "allow_shell": c.allow_shell}
-        delay = 0.2
+        RaftNode does not announce role changes in this tree, so they are read from its
+        status; the runtime hears of a change only, never of every read.
+        """
+        last: ObservedRole | None = None  # the runtime takes a repeat of what it knows as a no-op
         while True:
-            have = self.state.nodes.get(c.node_id)
-            if have is not None and {k: have.get(k) for k in want} == want:
-                return
-            try:
-                await self.service.propose(cmd)
-                log.info("registered node %s (tags %s, shell %s)", c.node_id, c.tags, c.allow_shell)
-            except RaftcronError as exc:
-                log.debug("registration not committed yet: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    async def _watch_leadership(self) -> None:
-        assert self.node is not None
-        lease = self.cfg.lease
-        while True:
-            leading = self.node.is_leader()
-            running = self._leader_task is not None and not self._leader_task.done()
-            if leading and not running:
-                self.leader = LeaderLoop(self.service, self.clock, LeaderConfig(lease=lease, plan=PlanConfig(
-                    start_deadline_us=int(max(2 * lease, 10) * 1e6))), self.live)
-                self._leader_task = asyncio.create_task(self._lead(self.leader), name="leader")
-            elif not leading and running:
-                assert self._leader_task is not None
-                self._leader_task.cancel()
+            now = observed_role(node.status())
+            if now != last:
+                last = now
+                runtime.on_role(now)
             await asyncio.sleep(0.05)
-
-    async def _lead(self, loop: LeaderLoop) -> None:
-        """Everything only the leader does; cancelled as one when leadership goes."""
-        sender = AlertSender(self.service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.advertise_http}",
-                             on_delivery=self.metrics.alert_delivered if self.metrics else None)
-        # The leader loop decides when this leadership is over (it also ends on a new term,
-        # even one this node won again); the sender goes with it, so the watcher starts a
-        # fresh loop, barrier first, for the next term.
-        sender_task = asyncio.create_task(sender.run(), name="alert-sender")
-        try:
-            await loop.run()
-        finally:
-            sender_task.cancel()
-            await asyncio.gather(sender_task, return_exceptions=True)
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""

@@ -108,9 +108,9 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
         try:
             return await route.handler(request, args)
         finally:
-            observe = request.app[CTX].extras.get("observe_api")
-            if observe is not None:
-                observe(route.path, request.method, time.perf_counter() - started)
+            metrics = request.app[CTX].metrics
+            if metrics is not None:
+                metrics.observe_api(route.path, request.method, time.perf_counter() - started)
 
     handle.__name__ = route.handler.__name__
     return handle

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
-from raftlog.node import RaftNode
+from scheduler.base import RaftPort
 from scheduler.service import Service
 from scheduler.state import State
+
+from .metrics import Metrics
 
 __all__ = ["ApiContext", "Tokens"]
 
@@ -30,14 +31,16 @@ class ApiContext:
     live: Callable[[], set[str]]  # node ids this node sees as reachable (itself included)
     tokens: Tokens = field(default_factory=Tokens)
     max_body: int = 1 << 20
-    extras: dict[str, Any] = field(default_factory=dict)
+    # The agent's metrics; an app built without them (the API tests) makes its own on the
+    # first scrape (routes/metrics.py), reading what the context has.
+    metrics: Metrics | None = None
 
     @property
     def state(self) -> State:
         return self.service.state
 
     @property
-    def node(self) -> RaftNode:
+    def node(self) -> RaftPort:
         return self.service.node
 
 

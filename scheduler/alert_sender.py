@@ -65,7 +65,7 @@ class AlertSender:
                     await self._round(session)
                 except RaftcronError as exc:
                     log.warning("alert outcomes not committed yet: %s", exc)
-                await asyncio.sleep(self.interval)
+                await self.clock.sleep(self.interval)
 
     async def _round(self, session: aiohttp.ClientSession) -> None:
         now = us(self.clock.now())

@@ -5,8 +5,11 @@ is planned, so every claim an earlier leader committed is visible. Then a
 timer heap of each job's next decision time drives ``planner.plan_job``: no
 scan of all jobs per tick. Everything one tick decides goes into as few
 ``ClaimSlots`` entries as the size cap allows. The loop ends the moment a
-commit says this node no longer leads, or the agent cancels it on a
-leadership change; being "leader" is never a lock, only a committed claim is.
+commit says this node no longer leads, or the runtime (``runtime.py``)
+cancels it on a leadership change; being "leader" is never a lock, only a
+committed claim is. An exception out of ``run`` ends this loop; the runtime
+starts a fresh one, barrier first, after a backoff. Every wait is on the
+``Clock`` (a tick, or a wake-up from ``notify``), so a FakeClock drives it.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class LeaderLoop:
                 log.warning("leader tick could not commit: %s", exc)
                 if not self.svc.node.is_leader():
                     break
-                await asyncio.sleep(self.cfg.tick)
+                await self.clock.sleep(self.cfg.tick)
             await self._sleep()
         log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
 
@@ -109,7 +112,7 @@ class LeaderLoop:
                     return term
             except RaftcronError as exc:
                 log.info("barrier not committed yet: %s", exc)
-            await asyncio.sleep(self.cfg.tick)
+            await self.clock.sleep(self.cfg.tick)
         return None
 
     async def _sleep(self) -> None:
@@ -117,10 +120,7 @@ class LeaderLoop:
         if self._heap:
             wait = min(wait, max(0.0, (self._heap[0][0] - self.svc.now_us()) / 1e6))
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), wait)
-        except TimeoutError:
-            pass
+        await self.clock.wait_for(self._wake, wait)
 
     async def _tick(self, led_since: float) -> None:
         now = self.svc.now_us()

@@ -9,15 +9,14 @@ happened" after such a retry is answered as the success it was.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from raftlog import Bridge, NotCommitted, UnknownOutcome
-from raftlog.node import RaftNode
+from raftlog import NotCommitted, UnknownOutcome
 
+from .base import Committer, RaftPort
 from .clock import Clock
 from .commands import (
     CancelRun,
@@ -48,7 +47,7 @@ _REJECTIONS: dict[str, Callable[[str], RaftcronError]] = {
 
 
 class Service:
-    def __init__(self, state: State, node: RaftNode, bridge: Bridge, clock: Clock, node_id: str,
+    def __init__(self, state: State, node: RaftPort, bridge: Committer, clock: Clock, node_id: str,
                  *, commit_timeout: float = 5.0) -> None:
         self.state = state
         self.node = node
@@ -115,7 +114,7 @@ class Service:
     async def _await_leader(self, bound: float) -> None:
         deadline = self.clock.monotonic() + bound
         while self.node.leader() is None and self.clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+            await self.clock.sleep(0.05)
 
     @staticmethod
     def _raise(rej: Rejected) -> None:

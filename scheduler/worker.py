@@ -187,17 +187,18 @@ class Worker:
     async def _flush_loop(self) -> None:
         backoff = self.flush_interval
         while True:
-            await self._kick.wait()
+            await self.clock.wait_for(self._kick, None)
             self._kick.clear()
-            await asyncio.sleep(self.flush_interval)  # gather a batch
+            await self.clock.sleep(self.flush_interval)  # gather a batch
             try:
                 await self._flush_starts()
                 await self._flush_results()
                 backoff = self.flush_interval
             except RaftcronError as exc:
                 log.warning("reports not committed yet (%s); retrying", exc)
-                backoff = min(backoff * 2, 1.0)
-                await asyncio.sleep(backoff)
+                # Floored: a flush interval of 0 (gather nothing) must not retry in a tight loop.
+                backoff = min(max(backoff * 2, 0.01), 1.0)
+                await self.clock.sleep(backoff)
                 self._kick.set()
 
     async def _renew_loop(self) -> None:
@@ -205,7 +206,7 @@ class Worker:
         must not hold renewals back until the leader gives the attempts up."""
         every = self.lease / 3
         while True:
-            await asyncio.sleep(every)
+            await self.clock.sleep(every)
             try:
                 await self._renew()
             except RaftcronError as exc:
@@ -246,7 +247,7 @@ class Worker:
     async def report_orphans(self, replay_upto: int) -> None:
         """Attempts this node held before it restarted are lost: say so, until committed."""
         while self.state.applied_index < replay_upto:
-            await asyncio.sleep(0.05)
+            await self.clock.sleep(0.05)
         orphans = tuple(
             rid for rid in list(self.state.active)
             if (r := self.state.runs.get(rid)) is not None and r["node"] == self.me
@@ -262,7 +263,7 @@ class Worker:
                 return
             except RaftcronError as exc:
                 log.info("lost report not committed yet: %s", exc)
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
     @property

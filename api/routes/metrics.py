@@ -15,14 +15,11 @@ __all__ = ["ROUTES", "metrics_of"]
 
 
 def metrics_of(ctx: ApiContext) -> Metrics:
-    """The agent puts its Metrics into ``ctx.extras``; an app built without one (the API tests) gets
-    one made here on first use, reading what the context has: raft status and ledger, no worker."""
-    metrics = ctx.extras.get("metrics")
-    if not isinstance(metrics, Metrics):
-        metrics = Metrics(node_id=ctx.node_id, state=ctx.state, raft=ctx.node.status)
-        ctx.extras["metrics"] = metrics
-        ctx.extras.setdefault("observe_api", metrics.observe_api)
-    return metrics
+    """The agent gives the context its Metrics; an app built without (the API tests) gets one made
+    here on first use, reading what the context has: raft status and ledger, no worker."""
+    if ctx.metrics is None:
+        ctx.metrics = Metrics(node_id=ctx.node_id, state=ctx.state, raft=ctx.node.status)
+    return ctx.metrics
 
 
 async def _metrics(request: web.Request, args: dict[str, Any]) -> web.Response:

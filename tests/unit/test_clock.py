@@ -160,3 +160,103 @@ async def test_a_sleep_started_after_an_advance_counts_from_then() -> None:
     assert not task.done()
     clock.advance(1)
     await until(task.done, "the sleeper")
+
+
+async def test_system_clock_wait_for_answers_whether_the_event_came() -> None:
+    clock = SystemClock()
+    event = asyncio.Event()
+    assert await asyncio.wait_for(clock.wait_for(event, 0.01), timeout=5) is False
+    assert await asyncio.wait_for(clock.wait_for(event, 0), timeout=5) is False
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await asyncio.wait_for(clock.wait_for(event, None), timeout=5) is True
+    assert await asyncio.wait_for(clock.wait_for(event, 0), timeout=5) is True
+
+
+async def test_fake_wait_for_ends_on_the_event_before_its_timeout() -> None:
+    clock = FakeClock(START)
+    event = asyncio.Event()
+    task = asyncio.create_task(clock.wait_for(event, 30))
+    await clock.settle()
+    assert not task.done() and clock.next_deadline() == 30.0
+    event.set()
+    await until(task.done, "the event to end the wait")
+    assert task.result() is True and clock.monotonic() == 0.0
+    assert clock.sleepers == 0  # its timeout is forgotten
+
+
+async def test_fake_wait_for_times_out_only_when_time_is_advanced() -> None:
+    clock = FakeClock(START)
+    event = asyncio.Event()
+    task = asyncio.create_task(clock.wait_for(event, 2))
+    await clock.settle()
+    clock.advance(1.999)
+    await clock.settle()
+    assert not task.done()
+    clock.advance(0.001)
+    await until(task.done, "the timeout")
+    assert task.result() is False
+    forever = asyncio.create_task(clock.wait_for(event, None))
+    await clock.settle()
+    clock.advance(3600)
+    await clock.settle()
+    assert not forever.done() and clock.next_deadline() is None  # no timeout: only the event ends it
+    event.set()
+    await until(forever.done, "the event")
+    assert forever.result() is True
+
+
+async def test_settle_returns_once_every_task_waits_on_the_clock() -> None:
+    clock = FakeClock(START)
+    event = asyncio.Event()
+    steps: list[str] = []
+
+    async def worker() -> None:
+        for name in "abc":  # several turns of the loop, then parked on the clock
+            await asyncio.sleep(0)
+            steps.append(name)
+        await clock.wait_for(event, None)
+        steps.append("woken")
+        await clock.sleep(1)
+        steps.append("slept")
+
+    task = asyncio.create_task(worker())
+    await clock.settle()
+    assert steps == ["a", "b", "c"]
+    event.set()
+    await clock.settle()
+    assert steps == ["a", "b", "c", "woken"]
+    clock.advance(1)
+    await clock.settle()
+    assert steps[-1] == "slept" and task.done()
+
+
+async def test_settle_fails_naming_a_task_that_waits_on_something_else() -> None:
+    clock = FakeClock(START)
+    never = asyncio.Event()
+    task = asyncio.create_task(never.wait(), name="waits-on-an-event-directly")
+    try:
+        with pytest.raises(AssertionError, match="waits-on-an-event-directly"):
+            await clock.settle(bound=50)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_run_for_visits_every_deadline_in_order_and_ends_on_time() -> None:
+    clock = FakeClock(START)
+    seen: list[float] = []
+
+    async def ticker(every: float) -> None:
+        while True:
+            await clock.sleep(every)
+            seen.append(round(clock.monotonic(), 6))
+
+    tasks = [asyncio.create_task(ticker(0.3)), asyncio.create_task(ticker(0.5))]
+    try:
+        await clock.run_for(1.2)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert seen == [0.3, 0.5, 0.6, 0.9, 1.0, 1.2]
+    assert clock.monotonic() == 1.2 and clock.now() == START + timedelta(seconds=1.2)

@@ -1,20 +1,22 @@
 """The leader loop, the worker and the service against an in-memory node and a FakeClock.
 
 The node applies each command the moment it is submitted (one replica, no
-network), so these runs are deterministic: time moves only when the test
-advances the clock, and each slot's firing instant is exact.
+network), and every wait of the scheduler goes through the clock, so these runs
+are deterministic: time moves only when the test advances the clock, each step
+ends when every task is parked on the clock again (``FakeClock.settle``), and
+each slot's firing instant is exact.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from raftlog import ApplyContext, Bridge
-from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
+from memraft import MemoryCommitter, MemoryNode
+
 from scheduler.clock import FakeClock
 from scheduler.commands import PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
@@ -22,48 +24,8 @@ from scheduler.leader import LeaderConfig, LeaderLoop
 from scheduler.model import parse_job
 from scheduler.planner import PlanConfig, from_us, us
 from scheduler.service import Service
-from scheduler.state import Applied, State
+from scheduler.state import State
 from scheduler.worker import Worker
-
-UTC = timezone.utc
-
-
-class MemoryNode:
-    """Stands in for RaftNode: one replica that commits and applies at once."""
-
-    def __init__(self, state: State) -> None:
-        self.state = state
-        self.index = 0
-        self.leading = True
-        self.term = 1
-        self.config = NodeConfig(raft_addr="mem:1", peers=(), data_dir=Path("/nonexistent"), secret="x")
-        self.hooks: list[Callable[[Applied], None]] = []
-        self.silent = 0.0  # seconds since the "leader" was last heard from (a partition test sets it)
-
-    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
-        if not self.leading:
-            callback(None, FAIL_REASON.MISSING_LEADER)
-            return
-        self.index += 1
-        result = self.state.apply(payload, ApplyContext(index=self.index))
-        if isinstance(result, Applied):
-            for hook in self.hooks:
-                hook(result)
-        callback(result, FAIL_REASON.SUCCESS)
-
-    def is_leader(self) -> bool:
-        return self.leading
-
-    def leader_contact_age(self) -> float:
-        return self.silent
-
-    def leader(self) -> str | None:
-        return "mem:1" if self.leading else None
-
-    def status(self) -> NodeStatus:
-        return NodeStatus(raft_addr="mem:1", state="leader" if self.leading else "follower",
-                          leader=self.leader(), term=self.term, commit_index=self.index, applied_index=self.index,
-                          has_quorum=True, raft_thread_alive=True)
 
 
 @dataclass
@@ -95,16 +57,15 @@ class Sim:
         await self.service.propose(PutJob(at_us=us(self.clock.now()), spec=parse_job(doc).to_doc()))
 
     async def step(self, seconds: float) -> None:
-        """Advance fake time and let the leader plan and the worker act on it."""
+        """Advance fake time and let the leader plan and the worker act on it, until all wait on the clock."""
         before = self.leader.ticks
         if seconds:
             self.clock.advance(seconds)
         self.leader.wake()
-        for _ in range(400):
-            await asyncio.sleep(0.005)
-            if self.leader.ticks > before + 1 and self.worker.pending_reports == 0:
-                return
-        raise AssertionError(f"the leader loop did not tick within 2 s of real time (ticks {self.leader.ticks})")
+        await self.clock.settle()
+        if self.leader.ticks == before and not self.task.done():
+            raise AssertionError(f"the leader loop did not tick (ticks {self.leader.ticks})")
+        assert self.worker.pending_reports == 0, "every report committed before the step ends"
 
     async def close(self) -> None:
         self.node.leading = False
@@ -117,19 +78,20 @@ async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | No
     clock = FakeClock(start)
     state = State()
     node = MemoryNode(state)
-    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")  # type: ignore[arg-type]
+    service = Service(state, node, MemoryCommitter(node), clock, "n1")
     executor = FakeExecutor(clock, verdict or (lambda a: OutcomeStatus.SUCCEEDED))
-    worker = Worker(service, clock, {"http": executor, "shell": executor}, lease=5.0, flush_interval=0.001)
+    # Reports are gathered for no time: a batch is what is ready when the reporter runs.
+    worker = Worker(service, clock, {"http": executor, "shell": executor}, lease=5.0, flush_interval=0.0)
     leader = LeaderLoop(service, clock, LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig()), lambda: {"n1"})
     node.hooks += [lambda a: worker.on_applied(a, False), leader.notify]
     await service.propose(RegisterNode(at_us=us(start), node_id="n1", raft_addr="mem:1", http_addr="mem:2"))
     worker.start()
-    task = asyncio.create_task(leader.run())
+    task = asyncio.create_task(leader.run(), name="leader")
     sim = Sim(clock, state, node, service, worker, leader, executor, task)
-    for _ in range(200):
-        if leader.ticks:
-            break
-        await asyncio.sleep(0.005)
+    # A change of role or term wakes the leader loop (whichever runs now), as the runtime does.
+    node.role_hooks.append(lambda change: sim.leader.wake())
+    await clock.settle()
+    assert leader.ticks, "the leader loop ticked after its barrier"
     return sim
 
 
