@@ -36,6 +36,8 @@ from api.client import (
     parse_servers,
 )
 from api.manifest import read_sources
+from scheduler.runs import FOLLOWS, RUN_STATUSES, TERMINAL, RunStatus, Trigger
+from scheduler.sections import Delivery
 
 __all__ = [
     "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "build_parser",
@@ -47,10 +49,6 @@ FORMATS = ("table", "json", "yaml", "name")
 NOUNS = {"jobs": "jobs", "job": "jobs", "runs": "runs", "run": "runs",
          "dead-letters": "dead-letters", "dead-letter": "dead-letters",
          "members": "members", "member": "members"}
-RUN_STATUSES = ("claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost",
-                "cancelled", "skipped", "missed", "dead")
-TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled", "skipped", "missed",
-                      "dead"})
 POLL_INTERVAL = 0.5
 MAX_PAGE = 500  # the API caps ?limit at 1000
 DEFAULT_TIMEOUT = 10.0
@@ -439,7 +437,7 @@ async def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     if not ctx.dump(run):
         print(f"run/{run.get('id')} {run.get('status')} (attempt {run.get('attempt')}, "
               f"{output.run_result(run)}, {output.format_duration_ms(run.get('duration_ms'))})")
-    return EXIT_OK if run.get("status") == "succeeded" else EXIT_ERROR
+    return EXIT_OK if run.get("status") == RunStatus.SUCCEEDED else EXIT_ERROR
 
 
 async def follow_run(client: Client, job: str, run_id: str, timeout: float | None,
@@ -457,14 +455,14 @@ async def follow_run(client: Client, job: str, run_id: str, timeout: float | Non
             seen = (current, status)
         if status in TERMINAL:
             return run
-        if status in ("retrying", "lost"):
+        if status in FOLLOWS[Trigger.RETRY]:
             following = await _next_attempt(client, job, run)
             if following is not None:
                 current = str(following["id"])
                 continue
-            if status == "lost":
+            if status == RunStatus.LOST:
                 delivery = delivery or (await client.get_job(job)).get("spec", {}).get("delivery")
-                if delivery == "at-most-once":
+                if delivery == Delivery.AT_MOST_ONCE:
                     return run  # a lost at-most-once attempt is never retried
         if deadline is not None and loop.time() >= deadline:
             raise WaitTimeout(run)
