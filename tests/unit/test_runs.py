@@ -67,7 +67,7 @@ def test_active_and_terminal_split_the_statuses_by_whether_a_transition_leaves_t
 
 def test_every_reader_shares_the_one_definition() -> None:
     assert ledger.ACTIVE is ACTIVE and ledger.TERMINAL is TERMINAL
-    assert cli.TERMINAL is TERMINAL and cli.RUN_STATUSES is RUN_STATUSES
+    assert vars(cli)["TERMINAL"] is TERMINAL and vars(cli)["RUN_STATUSES"] is RUN_STATUSES
 
 
 def test_the_api_status_filter_is_the_enum() -> None:
