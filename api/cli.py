@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib
 import os
-import re
 import shutil
 import sys
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -36,6 +35,7 @@ from api.client import (
     parse_servers,
 )
 from api.manifest import read_sources
+from scheduler.duration import parse_duration
 from scheduler.runs import FOLLOWS, RUN_STATUSES, TERMINAL, RunStatus, Trigger
 from scheduler.sections import Delivery
 
@@ -57,8 +57,6 @@ SERVER_VERBS = {"agent": ("api.agent", "add_agent_arguments", "run_agent",
                 "dev": ("api.dev", "add_dev_arguments", "run_dev",
                         "run a local cluster on loopback; Ctrl-C stops it")}
 _VALUE_OPTIONS = {"--server", "--token", "-o", "--output", "--timeout"}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 Handler = Callable[["Context", argparse.Namespace], Awaitable[int]]
 if TYPE_CHECKING:
@@ -181,13 +179,17 @@ def _report(exc: ClientError, prefix: str = "") -> None:
 
 
 def parse_since(value: str, now: datetime) -> str:
-    """``1h30m`` (ago) or an RFC 3339 time, as RFC 3339 UTC."""
+    """``1h30m`` (ago, in the job document's duration grammar) or an RFC 3339 time, as RFC 3339 UTC."""
     text = value.strip()
-    matches = list(_DURATION.finditer(text))
-    if matches and "".join(m.group(0) for m in matches) == text:
-        seconds = sum(float(m.group(1)) * _UNIT_SECONDS[m.group(2)] for m in matches)
-        moment = now - timedelta(seconds=seconds)
-        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    # A bare number is no duration here: 20260301 is a date (ISO 8601 basic format).
+    if not text.isdigit():
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            pass
+        else:
+            moment = now - timedelta(seconds=seconds)
+            return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if output.parse_time(text) is None:
         raise UsageError(f"not a time or duration: {value!r} (use RFC 3339 or e.g. 1h30m)")
     return text
