@@ -37,7 +37,6 @@ from api.client import (
 from api.manifest import read_sources
 from scheduler.duration import parse_duration
 from scheduler.runs import FOLLOWS, RUN_STATUSES, TERMINAL, RunStatus, Trigger
-from scheduler.sections import Delivery
 
 __all__ = [
     "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "build_parser",
@@ -464,7 +463,7 @@ async def follow_run(client: Client, job: str, run_id: str, timeout: float | Non
                 continue
             if status == RunStatus.LOST:
                 delivery = delivery or (await client.get_job(job)).get("spec", {}).get("delivery")
-                if delivery == Delivery.AT_MOST_ONCE:
+                if delivery == "at-most-once":
                     return run  # a lost at-most-once attempt is never retried
         if deadline is not None and loop.time() >= deadline:
             raise WaitTimeout(run)
