@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib
 import os
-import re
 import shutil
 import sys
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -36,6 +35,8 @@ from api.client import (
     parse_servers,
 )
 from api.manifest import read_sources
+from scheduler.duration import parse_duration
+from scheduler.runs import FOLLOWS, RUN_STATUSES, TERMINAL, RunStatus, Trigger
 
 __all__ = [
     "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "build_parser",
@@ -47,10 +48,6 @@ FORMATS = ("table", "json", "yaml", "name")
 NOUNS = {"jobs": "jobs", "job": "jobs", "runs": "runs", "run": "runs",
          "dead-letters": "dead-letters", "dead-letter": "dead-letters",
          "members": "members", "member": "members"}
-RUN_STATUSES = ("claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost",
-                "cancelled", "skipped", "missed", "dead")
-TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled", "skipped", "missed",
-                      "dead"})
 POLL_INTERVAL = 0.5
 MAX_PAGE = 500  # the API caps ?limit at 1000
 DEFAULT_TIMEOUT = 10.0
@@ -59,8 +56,6 @@ SERVER_VERBS = {"agent": ("api.agent", "add_agent_arguments", "run_agent",
                 "dev": ("api.dev", "add_dev_arguments", "run_dev",
                         "run a local cluster on loopback; Ctrl-C stops it")}
 _VALUE_OPTIONS = {"--server", "--token", "-o", "--output", "--timeout"}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 Handler = Callable[["Context", argparse.Namespace], Awaitable[int]]
 if TYPE_CHECKING:
@@ -183,13 +178,17 @@ def _report(exc: ClientError, prefix: str = "") -> None:
 
 
 def parse_since(value: str, now: datetime) -> str:
-    """``1h30m`` (ago) or an RFC 3339 time, as RFC 3339 UTC."""
+    """``1h30m`` (ago, in the job document's duration grammar) or an RFC 3339 time, as RFC 3339 UTC."""
     text = value.strip()
-    matches = list(_DURATION.finditer(text))
-    if matches and "".join(m.group(0) for m in matches) == text:
-        seconds = sum(float(m.group(1)) * _UNIT_SECONDS[m.group(2)] for m in matches)
-        moment = now - timedelta(seconds=seconds)
-        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    # A bare number is no duration here: 20260301 is a date (ISO 8601 basic format).
+    if not text.isdigit():
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            pass
+        else:
+            moment = now - timedelta(seconds=seconds)
+            return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if output.parse_time(text) is None:
         raise UsageError(f"not a time or duration: {value!r} (use RFC 3339 or e.g. 1h30m)")
     return text
@@ -439,7 +438,7 @@ async def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     if not ctx.dump(run):
         print(f"run/{run.get('id')} {run.get('status')} (attempt {run.get('attempt')}, "
               f"{output.run_result(run)}, {output.format_duration_ms(run.get('duration_ms'))})")
-    return EXIT_OK if run.get("status") == "succeeded" else EXIT_ERROR
+    return EXIT_OK if run.get("status") == RunStatus.SUCCEEDED else EXIT_ERROR
 
 
 async def follow_run(client: Client, job: str, run_id: str, timeout: float | None,
@@ -457,12 +456,12 @@ async def follow_run(client: Client, job: str, run_id: str, timeout: float | Non
             seen = (current, status)
         if status in TERMINAL:
             return run
-        if status in ("retrying", "lost"):
+        if status in FOLLOWS[Trigger.RETRY]:
             following = await _next_attempt(client, job, run)
             if following is not None:
                 current = str(following["id"])
                 continue
-            if status == "lost":
+            if status == RunStatus.LOST:
                 delivery = delivery or (await client.get_job(job)).get("spec", {}).get("delivery")
                 if delivery == "at-most-once":
                     return run  # a lost at-most-once attempt is never retried

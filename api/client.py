@@ -178,9 +178,6 @@ class Client:
         """Create or replace; the answer carries ``change``: created|configured|unchanged."""
         return await self.request("PUT", _path("jobs", name), body=document)
 
-    async def create_job(self, document: JSON) -> JSON:
-        return await self.request("POST", "/v1/jobs", body=document, repeatable=False)
-
     async def delete_job(self, name: str) -> JSON:
         return await self.request("DELETE", _path("jobs", name))
 

@@ -40,6 +40,7 @@ from scheduler.commands import (
     ReportLost,
     StartRuns,
 )
+from scheduler.runs import RUN_STATUSES, RunStatus, Trigger
 from scheduler.state import Applied, State
 
 __all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "Metrics", "WorkerGauges"]
@@ -51,8 +52,6 @@ PREFIX = "raftcron_"
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 API_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-RUN_STATUSES = ("claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost", "cancelled",
-                "skipped", "missed", "dead")
 
 
 class WorkerGauges(Protocol):
@@ -137,11 +136,11 @@ class Metrics:
             case ClaimSlots():
                 for run in result["runs"]:
                     self.runs.labels(run["job"], run["status"]).inc()
-                    if run["trigger"] == "retry":
+                    if run["trigger"] == Trigger.RETRY:
                         self.retries.labels(run["job"]).inc()
-                self._by_id(result["cancelled"], "cancelled")
+                self._by_id(result["cancelled"], RunStatus.CANCELLED)
             case StartRuns():
-                self._by_id(result["started"], "running")
+                self._by_id(result["started"], RunStatus.RUNNING)
             case FinishRuns():
                 for run in result["finished"]:
                     self.runs.labels(run["job"], run["status"]).inc()
@@ -151,10 +150,10 @@ class Metrics:
                     self.lease_expiries.labels(run["job"]).inc()
             case CancelRun():
                 run = result["cancelled"]
-                if run.get("status") == "cancelled":
-                    self.runs.labels(run["job"], "cancelled").inc()
+                if run.get("status") == RunStatus.CANCELLED:
+                    self.runs.labels(run["job"], RunStatus.CANCELLED).inc()
             case PutJob() | PauseJob():
-                self._by_id(result.get("cancelled") or (), "cancelled")
+                self._by_id(result.get("cancelled") or (), RunStatus.CANCELLED)
             case DeleteJob():
                 self._forget(cmd.name)
 

@@ -12,10 +12,11 @@ from typing import Any
 
 __all__ = ["COMPONENTS", "JOB_DOCUMENT"]
 
-# What scheduler.duration.parse_duration reads: units in the order d h m s, each once, or whole seconds.
-_DURATION = {"oneOf": [{"type": "string", "pattern": r"^(\d+|\d+d(\d+h)?(\d+m)?(\d+s)?|\d+h(\d+m)?(\d+s)?|\d+m(\d+s)?|\d+s)$"},
+# What scheduler.duration.parse_duration reads: units in the order d h m s, each once, each number
+# with an optional fraction, or whole seconds. The total must be whole seconds, which no pattern says.
+_DURATION = {"oneOf": [{"type": "string", "pattern": r"^(\d+|\d+(\.\d+)?d(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?|\d+(\.\d+)?h(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?|\d+(\.\d+)?m(\d+(\.\d+)?s)?|\d+(\.\d+)?s)$"},
                        {"type": "integer", "minimum": 0}],
-             "description": "90s, 5m, 1h30m, 2d, or whole seconds"}
+             "description": "90s, 5m, 1h30m, 2d, 1.5h (a whole number of seconds), or whole seconds"}
 _INSTANT = {"type": "string", "format": "date-time", "nullable": True}
 _STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
 

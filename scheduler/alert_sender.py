@@ -23,8 +23,8 @@ import aiohttp
 
 from .clock import Clock
 from .commands import AlertResults
+from .duration import format_instant
 from .errors import RaftcronError
-from .executors.base import rfc3339
 from .planner import from_us, us
 from .service import Service
 
@@ -37,12 +37,12 @@ def payload(alert: dict[str, Any], link_base: str | None) -> dict[str, Any]:
     slot = from_us(alert["slot_us"]) if alert.get("slot_us") is not None else None
     return {
         "alert_id": alert["id"], "event": alert["event"], "job": alert["job"], "run_id": alert["run_id"],
-        "slot": rfc3339(slot) if slot else None, "status": alert["run_status"], "error": alert["error"],
+        "slot": format_instant(slot) if slot else None, "status": alert["run_status"], "error": alert["error"],
         "attempt": alert["attempt"], "node": alert["node"],
-        "idempotency_key": f"{alert['job']}@{rfc3339(slot)}" if slot else None,
+        "idempotency_key": f"{alert['job']}@{format_instant(slot)}" if slot else None,
         "link": (f"{link_base}/ui/#/runs/{alert['run_id']}" if alert["run_id"] else f"{link_base}/ui/#/jobs/{alert['job']}")
         if link_base else None,
-        "at": rfc3339(from_us(alert["created_us"])), "details": dict(alert.get("extra") or {}),
+        "at": format_instant(from_us(alert["created_us"])), "details": dict(alert.get("extra") or {}),
     }
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from .sections import AlertEvent
+
 if TYPE_CHECKING:
     from .state import State
 
@@ -34,12 +36,12 @@ MAX_KEPT = 1000  # delivered or given-up alerts kept; pending ones are never dro
 MAX_ATTEMPTS = 8
 
 
-def _wants(state: State, job_name: str, event: str) -> bool:
+def _wants(state: State, job_name: str, event: AlertEvent) -> bool:
     job = state.job(job_name)
-    return job is not None and any(str(e) == event for e in job.alerts.on)
+    return job is not None and event in job.alerts.on
 
 
-def raise_alert(state: State, event: str, run: dict[str, Any] | None, job: str, at_us: int, **extra: Any) -> None:
+def raise_alert(state: State, event: AlertEvent, run: dict[str, Any] | None, job: str, at_us: int, **extra: Any) -> None:
     if not _wants(state, job, event):
         return
     state.alert_seq += 1
@@ -68,12 +70,12 @@ def on_finished(state: State, run: dict[str, Any], rec: dict[str, Any], at_us: i
     alerted = bool(rec.get("failure_alerted"))
     if run["status"] == "succeeded":
         if alerted:
-            raise_alert(state, "recovery", run, run["job"], at_us)
-        if _wants(state, run["job"], "duration"):  # it reads the job's history: only when asked for
+            raise_alert(state, AlertEvent.RECOVERY, run, run["job"], at_us)
+        if _wants(state, run["job"], AlertEvent.DURATION):  # it reads the job's history: only when asked for
             _duration_check(state, run, at_us)
         return {**rec, "failure_alerted": False}
     if rec["consecutive_failures"] == job.alerts.after_failures and not alerted:
-        raise_alert(state, "failure", run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])
+        raise_alert(state, AlertEvent.FAILURE, run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])
         return {**rec, "failure_alerted": True}
     return rec
 
@@ -94,17 +96,17 @@ def _duration_check(state: State, run: dict[str, Any], at_us: int) -> None:
         return
     typical = median(past)
     if typical > 0 and (took > 3 * typical or took * 3 < typical) and abs(took - typical) > 1_000_000:
-        raise_alert(state, "duration", run, run["job"], at_us, duration_ms=took // 1000,
+        raise_alert(state, AlertEvent.DURATION, run, run["job"], at_us, duration_ms=took // 1000,
                     typical_ms=int(typical) // 1000)
 
 
 def on_missed(state: State, job: str, count: int, first_us: int, last_us: int, at_us: int) -> None:
-    raise_alert(state, "missed", None, job, at_us, count=count, first_us=first_us, last_us=last_us,
+    raise_alert(state, AlertEvent.MISSED, None, job, at_us, count=count, first_us=first_us, last_us=last_us,
                 error=f"{count} slot(s) missed while no leader could dispatch")
 
 
 def on_dead(state: State, run: dict[str, Any], at_us: int) -> None:
-    raise_alert(state, "dead", run, run["job"], at_us)
+    raise_alert(state, AlertEvent.DEAD, run, run["job"], at_us)
 
 
 def on_started(state: State, run: dict[str, Any], at_us: int) -> None:
@@ -113,13 +115,13 @@ def on_started(state: State, run: dict[str, Any], at_us: int) -> None:
         return
     late = run["started_us"] - run["slot_us"]
     if late > job.alerts.late_after * 1_000_000:
-        raise_alert(state, "late", run, run["job"], at_us, late_ms=late // 1000)
+        raise_alert(state, AlertEvent.LATE, run, run["job"], at_us, late_ms=late // 1000)
     prev_id = run["retry_of"]
     while prev_id:
         prev = state.runs.get(prev_id)
         if prev is None:
             break
         if prev["started_us"] is not None and prev["status"] in ("lost", "dead"):
-            raise_alert(state, "duplicate", run, run["job"], at_us, earlier_run=prev_id)
+            raise_alert(state, AlertEvent.DUPLICATE, run, run["job"], at_us, earlier_run=prev_id)
             break
         prev_id = prev["retry_of"]

@@ -1,14 +1,18 @@
 """Durations and instants as users write them.
 
-A duration is a whole number of seconds written ``90s``, ``5m``, ``1h30m`` or
-``2d``: units ``d h m s``, each at most once and in that order. A plain
-integer (``90`` or ``"90"``) means seconds. Sub-second durations are not
-supported. ``format_duration`` writes the canonical form (``5400 -> "1h30m"``)
-and ``parse_duration(format_duration(x)) == x`` for every valid ``x``.
+One grammar for every duration a user writes, in a job document, an agent option
+or the command line: ``90s``, ``5m``, ``1h30m``, ``2d`` or ``1.5h``, that is numbers
+(a decimal fraction allowed) each followed by a unit of ``d h m s``, each unit at most
+once and in that order; or a plain integer (``90`` or ``"90"``), meaning seconds. The
+total must be a whole number of seconds: ``1.5h`` is 5400 s, ``1.5s`` is refused
+(sub-second durations are not supported, so there is no ``ms``).
+``format_duration`` writes the canonical form (``5400 -> "1h30m"``) and
+``parse_duration(format_duration(x)) == x`` for every valid ``x``.
 
 An instant is RFC 3339 with an offset or ``Z``; inside raftcron it is an aware
 UTC ``datetime`` and it is written back as ``2026-12-01T10:00:00Z`` (fraction
-only when present), the same text ``executors.base.rfc3339`` produces.
+only when present) by ``format_instant``, the one formatter of instants (the
+executors' identity headers and alert payloads included).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import functools
 import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
+from fractions import Fraction
 
 __all__ = [
     "MAX_DURATION",
@@ -30,17 +35,18 @@ MAX_DURATION = 100 * 365 * 86400
 """Longest accepted duration (about 100 years): keeps datetime arithmetic in range."""
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 _INSTANT_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})"
 )
 
 
 def parse_duration(value: object) -> float:
-    """Seconds in ``value`` (``"1h30m"``, ``"90s"``, ``90``), as a float.
+    """Seconds in ``value`` (``"1h30m"``, ``"1.5h"``, ``"90s"``, ``90``), as a float.
 
-    Raises ``ValueError`` for anything else: negative, fractional, empty,
-    unknown units, units out of order, booleans, or more than ``MAX_DURATION``.
+    Raises ``ValueError`` for anything else: negative, not a whole number of
+    seconds, empty, unknown units, units out of order, booleans, or more than
+    ``MAX_DURATION``.
     """
     if type(value) is str or type(value) is int:  # not bool (True == 1 as a cache key)
         return _parse_duration_cached(value)
@@ -69,7 +75,12 @@ def _parse_duration(value: object) -> float:
             m = _DURATION_RE.fullmatch(text)
             if not text or m is None:
                 raise ValueError(f"invalid duration {value!r}: use e.g. '90s', '5m', '1h30m', '2d'")
-            seconds = sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=False) if g)
+            # Exact arithmetic: 1.1h is 3960 s, which floats miss by a hair.
+            total = sum((Fraction(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=True) if g),
+                        Fraction(0))
+            if total.denominator != 1:
+                raise ValueError(f"invalid duration {value!r}: must be a whole number of seconds")
+            seconds = int(total)
     else:
         raise ValueError("must be a duration like '90s', '5m' or '1h30m'")  # noqa: TRY004
     if seconds < 0:

@@ -25,7 +25,7 @@ from .clock import Clock
 from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
 from .duration import format_instant
 from .errors import RaftcronError
-from .model import Job
+from .model import Concurrency, Job
 from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, from_us, plan_job
 from .service import Service
 from .state import Applied
@@ -150,7 +150,7 @@ class LeaderLoop:
             if job is None or rec is None:
                 continue
             # Only forbid / replace look at the job's attempts in flight; read them fresh.
-            busy = [] if str(job.concurrency) == "allow" else self._active_of(name)
+            busy = [] if job.concurrency is Concurrency.ALLOW else self._active_of(name)
             plan = plan_job(job, rec, busy, now, self.cfg.plan, picker)
             claims += plan.claims
             summaries += plan.summaries

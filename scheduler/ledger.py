@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
+from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL
+from .sections import Delivery, DependsOnCondition
 
 if TYPE_CHECKING:
     from .state import State
@@ -29,9 +31,6 @@ __all__ = [
     "drop_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
 ]
 
-ACTIVE = frozenset({"claimed", "running", "retrying", "lost"})
-TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled", "skipped", "missed", "dead", "lost"})
-SCHEDULED = frozenset({"schedule", "catchup"})
 MAX_CLAIMS_PER_ENTRY = 65536
 OUTPUT_CAP = 8192
 """Bytes of output kept per run; the executors cap at the same size (a test holds them equal).
@@ -98,9 +97,6 @@ def _alert_missed(state: State, created: list[dict[str, Any]], cmd: ClaimSlots) 
             spans[s["job"]] = (n + int(s["count"]), min(lo, s["first_us"]), max(hi, s["last_us"]))
     for job, (n, lo, hi) in spans.items():
         alerts.on_missed(state, job, n, lo, hi, cmd.at_us)
-
-
-CLAIM_STATUSES = frozenset({"claimed", "skipped", "missed", "failed"})
 
 
 def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | None:
@@ -272,7 +268,7 @@ def _trigger_dependents(state: State, run: dict[str, Any]) -> None:
         dep = job.depends_on if job is not None else None
         if dep is None or dep.job != run["job"]:
             continue
-        if str(dep.on) == "any" or (str(dep.on) == "success") == ok:
+        if dep.on is DependsOnCondition.ANY or (dep.on is DependsOnCondition.SUCCESS) == ok:
             state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
 
 
@@ -284,7 +280,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
             continue
         job = state.job(run["job"])
         new = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
-        at_least_once = job is not None and str(job.delivery) == "at-least-once"
+        at_least_once = job is not None and job.delivery is Delivery.AT_LEAST_ONCE
         limit = max(LOSS_ATTEMPTS, (job.retries.max + 1) if job is not None else 1)
         if at_least_once and run["attempt"] < limit:
             new["retry_at_us"] = at_us

@@ -17,7 +17,7 @@ returns. ``parse_job`` is deterministic (the state machine calls it in apply).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -114,19 +114,6 @@ class Job:
         spec = self.http if self.executor is ExecutorKind.HTTP else self.shell
         assert spec is not None
         return spec.to_doc()
-
-    def next_slot(self, after: datetime, *, anchor: datetime) -> datetime | None:
-        """The first slot strictly after ``after`` inside ``[starts_at, ends_at]``.
-
-        ``anchor`` is the job's creation instant (for ``@every``). ``paused`` is
-        not considered: a paused job still has slots, they are skipped.
-        """
-        if self.starts_at is not None and after < self.starts_at:
-            after = self.starts_at - timedelta(microseconds=1)
-        slot = self.schedule.next_after(after, self.tz, anchor)
-        if slot is None or (self.ends_at is not None and slot > self.ends_at):
-            return None
-        return slot
 
     def to_doc(self) -> dict[str, Any]:
         """The canonical document (see the module docstring)."""

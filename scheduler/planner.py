@@ -28,6 +28,7 @@ from typing import Any
 
 from .commands import Claim
 from .model import Job
+from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "upcoming", "due_retries",
            "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
@@ -96,7 +97,7 @@ class Picker:
 
     def pick(self, job: Job, avoid: str | None = None, count: int = 1) -> tuple[list[str], str | None]:
         want = dict(job.target.tags)
-        shell = str(job.executor) == "shell"
+        shell = job.executor is ExecutorKind.SHELL
         fit = [n for n in self._nodes if n.live and all(n.tags.get(k) == v for k, v in want.items())]
         if not fit:
             return [], f"no live node matches target tags {want}" if want else "no live node"
@@ -138,7 +139,7 @@ def upcoming(job: Job, anchor_us: int, after_us: int, count: int) -> list[dateti
 def decides_ahead(job: Job) -> bool:
     """Slots of this job are claimed a horizon ahead (concurrency forbid / replace and
     paused jobs are decided when due: what is in flight then decides)."""
-    return str(job.concurrency) == "allow" and not job.paused
+    return job.concurrency is Concurrency.ALLOW and not job.paused
 
 
 def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us: int,
@@ -172,10 +173,10 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
     within = late[len(beyond):]
     _record(plan, job, beyond, "missed", "catchup",
             "no leader could dispatch it, and it is older than the catch-up window", cfg)
-    policy = str(job.catchup.policy)
-    if policy == "all":
+    policy = job.catchup.policy
+    if policy is CatchupPolicy.ALL:
         run_late = within
-    elif policy == "latest":
+    elif policy is CatchupPolicy.LATEST:
         run_late = within[-1:]
         _record(plan, job, within[:-1], "skipped", "catchup", "catch-up policy latest runs only the newest", cfg)
     else:
@@ -183,7 +184,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
         _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
     busy = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
     due = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
-    if str(job.concurrency) == "replace" and len(due) > 1:
+    if job.concurrency is Concurrency.REPLACE and len(due) > 1:
         # Several slots due at once would replace each other in the same instant: run the newest.
         for s, trigger in due[:-1]:
             plan.claims.append(Claim(job=job.name, slot_us=s, trigger=trigger, status="skipped",
@@ -195,12 +196,12 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
 
 
 def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[str, Any]], picker: Picker) -> None:
-    mode = str(job.concurrency)
-    if busy and mode == "forbid":
+    mode = job.concurrency
+    if busy and mode is Concurrency.FORBID:
         plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, status="skipped",
                                  reason=f"concurrency forbid: run {busy[0]['id']} is still {busy[0]['status']}"))
         return
-    if busy and mode == "replace":
+    if busy and mode is Concurrency.REPLACE:
         plan.cancel.extend(r["id"] for r in busy if r["id"] not in plan.cancel and r["id"] != _THIS_TICK)
     nodes, why = picker.pick(job, count=job.target.count)
     if not nodes:
@@ -208,7 +209,7 @@ def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[
         return
     for n in nodes:
         plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, node=n))
-    if mode != "allow":
+    if mode is not Concurrency.ALLOW:
         busy.append({"id": _THIS_TICK, "status": "claimed"})
 
 

@@ -179,26 +179,6 @@ class Schedule:
             return self.at if self.at > after else None
         return None
 
-    def slots_between(
-        self,
-        after_exclusive: datetime,
-        until_inclusive: datetime,
-        tz: tzinfo,
-        anchor: datetime,
-        limit: int,
-    ) -> list[datetime]:
-        """Slots in ``(after_exclusive, until_inclusive]``, oldest first, at most ``limit``."""
-        until = _aware_utc(until_inclusive, "until_inclusive")
-        slots: list[datetime] = []
-        t = after_exclusive
-        while len(slots) < limit:
-            nxt = self.next_after(t, tz, anchor)
-            if nxt is None or nxt > until:
-                break
-            slots.append(nxt)
-            t = nxt
-        return slots
-
     def _next_cron(self, after: datetime, tz: tzinfo) -> datetime | None:
         """``_find_cron``, answered from the slots found before when it can be.
 

@@ -118,9 +118,6 @@ class HttpSpec:
             "expect_body": self.expect_body,
         }
 
-    def status_ok(self, status: int) -> bool:
-        return status in self.expect_status if self.expect_status else 200 <= status <= 299
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShellSpec:

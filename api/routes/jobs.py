@@ -9,6 +9,7 @@ from aiohttp import web
 from scheduler.errors import NotFound, ValidationFailed
 from scheduler.model import parse_job
 from scheduler.planner import us
+from scheduler.runs import RUN_STATUSES
 
 from ..routing import Param, Route
 from ..views import explain_view, job_view
@@ -19,8 +20,6 @@ __all__ = ["ROUTES"]
 NAME = Param("name", "path", required=True, description="job name")
 LIMIT = Param("limit", type="integer", minimum=1, maximum=1000, description="page size, default 100")
 CURSOR = Param("cursor", description="next_cursor of the previous page")
-RUN_STATUSES = ("claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost", "cancelled",
-                "skipped", "missed", "dead")
 
 
 async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:

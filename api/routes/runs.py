@@ -8,11 +8,12 @@ from aiohttp import web
 
 from scheduler.errors import NotFound
 from scheduler.planner import us
+from scheduler.runs import RUN_STATUSES
 
 from ..routing import Param, Route
 from ..views import run_view
 from .common import ctx_of, ok, runs_page
-from .jobs import CURSOR, LIMIT, RUN_STATUSES
+from .jobs import CURSOR, LIMIT
 
 __all__ = ["ROUTES"]
 

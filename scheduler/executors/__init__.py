@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import OUTPUT_CAP, Attempt, Executor, Outcome, OutcomeStatus, identity, rfc3339
+from .base import OUTPUT_CAP, Attempt, Executor, Outcome, OutcomeStatus, identity
 from .http import MATCH_CAP, HttpExecutor
 from .shell import DISABLED_ERROR, OutputTail, ShellExecutor
 
@@ -15,7 +15,6 @@ __all__ = [
     "MATCH_CAP",
     "DISABLED_ERROR",
     "identity",
-    "rfc3339",
     "HttpExecutor",
     "ShellExecutor",
     "OutputTail",

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
-__all__ = ["Attempt", "Outcome", "OutcomeStatus", "Executor", "OUTPUT_CAP", "identity", "rfc3339"]
+from scheduler.duration import format_instant
+
+__all__ = ["Attempt", "Outcome", "OutcomeStatus", "Executor", "OUTPUT_CAP", "identity"]
 
 OUTPUT_CAP = 8192
 """Bytes of output tail kept per attempt (stdout+stderr for shell, body for HTTP)."""
-
-
-def rfc3339(t: datetime) -> str:
-    """``2026-12-01T10:00:00Z``; fractional seconds only when present."""
-    t = t.astimezone(UTC)
-    if t.microsecond:
-        return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -48,7 +42,7 @@ class Attempt:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.job}@{rfc3339(self.slot)}"
+        return f"{self.job}@{format_instant(self.slot)}"
 
 
 def identity(a: Attempt) -> dict[str, str]:
@@ -57,7 +51,7 @@ def identity(a: Attempt) -> dict[str, str]:
         "Idempotency-Key": a.idempotency_key,
         "X-Raftcron-Run-Id": a.run_id,
         "X-Raftcron-Job": a.job,
-        "X-Raftcron-Slot": rfc3339(a.slot),
+        "X-Raftcron-Slot": format_instant(a.slot),
         "X-Raftcron-Attempt": str(a.attempt),
         "X-Raftcron-Fencing-Token": str(a.fencing_token),
     }

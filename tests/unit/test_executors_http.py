@@ -5,7 +5,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from multidict import CIMultiDictProxy
 
 from scheduler.executors import OUTPUT_CAP, Attempt, HttpExecutor, OutcomeStatus
 
-SLOT = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+SLOT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 BIG_BODY = b"0123456789" * 300_000 + b"THE-END"  # about 3 MB
 
 
@@ -178,6 +178,13 @@ async def test_non_2xx_fails(hook: Hook, executor: HttpExecutor) -> None:
     assert outcome.http_status == 500
     assert outcome.error == "unexpected status 500 (expected 2xx)"
     assert outcome.output == "status 500"
+
+
+@pytest.mark.parametrize(("code", "status"), [(204, OutcomeStatus.SUCCEEDED), (301, OutcomeStatus.FAILED)])
+async def test_without_expect_status_any_2xx_succeeds(hook: Hook, executor: HttpExecutor, code: int,
+                                                      status: OutcomeStatus) -> None:
+    outcome = await executor.run(attempt(hook.url(f"/status/{code}")))
+    assert (outcome.status, outcome.http_status) == (status, code)
 
 
 async def test_expect_status_list(hook: Hook, executor: HttpExecutor) -> None:

@@ -317,18 +317,24 @@ def test_naive_instants_are_refused() -> None:
         parse_schedule("@hourly").next_after(datetime(2026, 1, 1), ZoneInfo("UTC"), ANCHOR)
 
 
-def test_slots_between_is_bounded_and_half_open() -> None:
+def test_walking_slots_through_a_dst_night_is_half_open() -> None:
+    """What the planner does with ``next_after``: slot after slot, strictly after the last."""
     sched, tz = parse_schedule("0 * * * *"), ZoneInfo("Europe/Berlin")
     start, end = z("2026-10-24T22:00:00"), z("2026-10-25T03:00:00")
-    assert sched.slots_between(start, end, tz, ANCHOR, 100) == [
+
+    def walk(s: Schedule, after: datetime) -> list[datetime]:
+        slots: list[datetime] = []
+        while (nxt := s.next_after(after, tz, ANCHOR)) is not None and nxt <= end:
+            slots.append(nxt)
+            after = nxt
+        return slots
+
+    assert walk(sched, start) == [
         z("2026-10-24T23:00:00"), z("2026-10-25T00:00:00"),
         z("2026-10-25T02:00:00"), z("2026-10-25T03:00:00"),
     ]  # fmt: skip
-    assert sched.slots_between(start, end, tz, ANCHOR, 2) == [
-        z("2026-10-24T23:00:00"), z("2026-10-25T00:00:00")
-    ]  # fmt: skip
-    assert sched.slots_between(end, end, tz, ANCHOR, 10) == []
-    assert parse_schedule("@manually").slots_between(start, end, tz, ANCHOR, 10) == []
+    assert walk(sched, end) == []
+    assert walk(parse_schedule("@manually"), start) == []
 
 
 # --- properties -------------------------------------------------------------
