@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 import zoneinfo
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from typing import Any
 from aiohttp import web
 
 from raftlog import Bridge, MissingSecret, NodeConfig, RaftNode
-from scheduler.base import ClockEstimate, ObservedRole, observed_role
 from scheduler.clock import SystemClock
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
@@ -123,23 +121,6 @@ def _split(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-class _Node(RaftNode):
-    """RaftNode as the scheduler's ``RaftPort``.
-
-    The port declares the node's clock readings, which RaftNode does not measure in
-    this tree yet: until it does, both read as unknown. Once RaftNode has them this
-    class goes and the node itself is the port.
-    """
-
-    def clock_offset_to_leader(self) -> ClockEstimate | None:
-        measured = getattr(super(), "clock_offset_to_leader", None)
-        return measured() if measured is not None else None
-
-    def member_clocks(self) -> Mapping[str, ClockEstimate]:
-        measured = getattr(super(), "member_clocks", None)
-        return measured() if measured is not None else {}
-
-
 class Agent:
     def __init__(self, cfg: AgentConfig, advertise_http: str | None = None) -> None:
         self.cfg = cfg
@@ -164,10 +145,10 @@ class Agent:
                           allow_shell=c.allow_shell, lease=c.lease, alert_webhook=c.alert_webhook),
             {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)}, loop)
         self.runtime = runtime
-        node = _Node(
+        node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
                        compaction_entries=c.compaction_entries),
-            self.state, on_applied=runtime.applied_from_raft,
+            self.state, on_applied=runtime.applied_from_raft, on_role=runtime.role_from_raft,
         )
         await asyncio.to_thread(node.start)
         self.node = node
@@ -184,7 +165,6 @@ class Agent:
         log.info("node %s: API on http://%s, raft on %s, peers %s", c.node_id, c.http_addr, c.raft_addr,
                  ", ".join(c.peers) or "(none: single-node cluster)")
         self._tasks = [
-            asyncio.create_task(self._watch_role(node, runtime), name="leadership"),
             asyncio.create_task(self._watch_peers(), name="peer-watch"),
         ]
 
@@ -202,20 +182,6 @@ class Agent:
             await asyncio.to_thread(self.node.stop)
 
     # ---- background duties -----------------------------------------------------------------
-
-    async def _watch_role(self, node: RaftNode, runtime: SchedulerRuntime) -> None:
-        """Hands the runtime each change of role, leader or term, as RaftNode(on_role=...) will.
-
-        RaftNode does not announce role changes in this tree, so they are read from its
-        status; the runtime hears of a change only, never of every read.
-        """
-        last: ObservedRole | None = None  # the runtime takes a repeat of what it knows as a no-op
-        while True:
-            now = observed_role(node.status())
-            if now != last:
-                last = now
-                runtime.on_role(now)
-            await asyncio.sleep(0.05)
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""

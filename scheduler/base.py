@@ -5,9 +5,7 @@ production, an in-memory replica in tests); ``Committer`` is the awaitable
 write path over it (``raftlog.Bridge``). Both are structural, so a test double
 is checked by mypy like the real thing, with no ``type: ignore``.
 
-``ClockEstimate`` and ``RoleChange`` describe, by their fields, the values the
-node hands over (``raftlog``'s frozen dataclasses of the same names): read-only
-properties, so any object with those fields fits.
+``ClockEstimate`` and ``RoleChange`` are raftlog's own values, re-exported.
 
 ``Observer`` is told what the runtime sees happen (the agent's metrics).
 """
@@ -15,61 +13,20 @@ properties, so any object with those fields fits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from raftlog import NodeStatus
+from raftlog import ClockEstimate, NodeStatus, RoleChange
 
 from .state import Applied
 
-__all__ = ["ClockEstimate", "Committer", "Observer", "RaftPort", "RoleChange", "ObservedRole", "observed_role"]
+__all__ = ["ClockEstimate", "Committer", "Observer", "RaftPort", "RoleChange", "observed_role"]
 
 SubmitCallback = Callable[[Any, int], None]
 
 
-class ClockEstimate(Protocol):
-    """Another clock's wall time minus this node's, NTP-style, in seconds."""
-
-    @property
-    def offset(self) -> float: ...
-
-    @property
-    def error(self) -> float:
-        """Bound on ``|true offset - offset|``."""
-        ...
-
-    @property
-    def age(self) -> float:
-        """Seconds since the sample it comes from was taken."""
-        ...
-
-
-class RoleChange(Protocol):
-    """This node's role, the leader it knows of and the term, after any of them changed."""
-
-    @property
-    def role(self) -> str:
-        """``leader``, ``follower`` or ``candidate``."""
-        ...
-
-    @property
-    def leader(self) -> str | None: ...
-
-    @property
-    def term(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ObservedRole:
-    """A ``RoleChange`` made on this side, from ``RaftPort.status()`` (see ``observed_role``)."""
-
-    role: str
-    leader: str | None
-    term: int
-
-
-def observed_role(status: NodeStatus) -> ObservedRole:
-    return ObservedRole(status.state, status.leader, status.term)
+def observed_role(status: NodeStatus) -> RoleChange:
+    """The role as ``status`` shows it, in the shape of the node's own ``on_role`` events."""
+    return RoleChange(status.state, status.leader, status.term)
 
 
 class RaftPort(Protocol):

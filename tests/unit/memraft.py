@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog import ApplyContext
+from raftlog import ApplyContext, ClockEstimate, RoleChange
 from raftlog.bridge import NotCommitted, UnknownOutcome
 from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
-from scheduler.base import ClockEstimate, ObservedRole
 from scheduler.state import Applied, State
 
 
@@ -39,7 +38,7 @@ class MemoryNode:
         self._term = 1
         self.config = NodeConfig(raft_addr="mem:1", peers=(), data_dir=Path("/nonexistent"), secret="x")
         self.hooks: list[Callable[[Applied], None]] = []
-        self.role_hooks: list[Callable[[ObservedRole], None]] = []  # as RaftNode(on_role=...)
+        self.role_hooks: list[Callable[[RoleChange], None]] = []  # as RaftNode(on_role=...)
         self.silent = 0.0  # seconds since the "leader" was last heard from (a partition test sets it)
 
     # Setting either one is a role change, announced as the raft node announces it.
@@ -62,7 +61,7 @@ class MemoryNode:
         self._announce()
 
     def _announce(self) -> None:
-        change = ObservedRole("leader" if self._leading else "follower", self.leader(), self._term)
+        change = RoleChange("leader" if self._leading else "follower", self.leader(), self._term)
         for hook in self.role_hooks:
             hook(change)
 
