@@ -40,6 +40,7 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 from pysyncobj.pipe_notifier import PipeNotifier
 
+from .clock import ClockEstimate
 from .fsm import ApplyContext, StateMachine
 from .snapshot import SnapshotWriter, read_snapshot
 
@@ -643,6 +644,23 @@ class RaftNode:
         """
         at = self._contact
         return time.monotonic() - at if at else math.inf
+
+    def clock_offset_to_leader(self) -> ClockEstimate | None:
+        """The leader's wall clock minus this node's; ``ClockEstimate(0, 0, 0)`` on the leader,
+        None while no leader is known. Placeholder until the estimator lands: it takes the
+        clocks to agree, which is what every node assumed before."""
+        if self.is_leader():
+            return ClockEstimate(0.0, 0.0, 0.0)
+        return None if self.leader() is None else ClockEstimate(0.0, 0.0, 0.0)
+
+    def member_clocks(self) -> dict[str, ClockEstimate]:
+        """raft_addr -> that member's wall clock minus the leader's (this node included); ``{}``
+        off the leader. Placeholder until the estimator lands (see clock_offset_to_leader)."""
+        if not self.is_leader():
+            return {}
+        st = self.status()
+        addrs = [self.config.raft_addr, *(p.raft_addr for p in st.partners if p.connected)]
+        return dict.fromkeys(addrs, ClockEstimate(0.0, 0.0, 0.0))
 
     def leader(self) -> str | None:
         host = self._host
