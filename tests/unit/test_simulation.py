@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from raftlog import ApplyContext, Bridge
+from raftlog import ApplyContext, Bridge, ClockEstimate
 from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
 from scheduler.clock import FakeClock
 from scheduler.commands import PutJob, RegisterNode
@@ -59,6 +59,12 @@ class MemoryNode:
 
     def leader(self) -> str | None:
         return "mem:1" if self.leading else None
+
+    def clock_offset_to_leader(self) -> ClockEstimate | None:
+        return ClockEstimate(0.0, 0.0, 0.0)  # one replica: its clock is the cluster's
+
+    def member_clocks(self) -> dict[str, ClockEstimate]:
+        return {"mem:1": ClockEstimate(0.0, 0.0, 0.0)}
 
     def status(self) -> NodeStatus:
         return NodeStatus(raft_addr="mem:1", state="leader" if self.leading else "follower",
