@@ -33,6 +33,7 @@ from scheduler.executors import HttpExecutor, ShellExecutor
 from scheduler.leader import LeaderConfig, LeaderLoop
 from scheduler.planner import PlanConfig, us
 from scheduler.service import Service
+from scheduler.skew import ClusterTime, SkewWatch, parse_max_skew, trusted
 from scheduler.state import Applied, State
 from scheduler.worker import Worker
 
@@ -62,6 +63,7 @@ class AgentConfig:
     lease: float = 5.0
     fsync: bool = True
     compaction_entries: int = 20000
+    max_clock_skew: float = 0.5
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -86,6 +88,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-read-token", default=_env("API_READ_TOKEN"), help="read-only bearer token (RAFTCRON_API_READ_TOKEN)")
     p.add_argument("--alert-webhook", default=_env("ALERT_WEBHOOK"), help="default alert webhook (RAFTCRON_ALERT_WEBHOOK)")
     p.add_argument("--lease", default=_env("LEASE", "5s"), help="attempt lease, e.g. 5s (RAFTCRON_LEASE)")
+    p.add_argument("--max-clock-skew", default=_env("MAX_CLOCK_SKEW", "500ms"), help="a node whose clock is further than this from the leader's gets no attempts, e.g. 500ms, 2s (RAFTCRON_MAX_CLOCK_SKEW)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
@@ -118,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         data_dir=Path(args.data_dir or f"./data/{args.node_id}"), secret=args.secret, tags=_tags(args.tag),
         allow_shell=bool(args.allow_shell), api_token=args.api_token, api_read_token=args.api_read_token,
         alert_webhook=args.alert_webhook, lease=parse_duration(args.lease), fsync=not args.no_fsync,
-        compaction_entries=args.compaction_entries,
+        compaction_entries=args.compaction_entries, max_clock_skew=parse_max_skew(str(args.max_clock_skew)),
     )
 
 
@@ -140,7 +143,9 @@ class Agent:
         self._leader_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
-        self.http = HttpExecutor(now=self.clock.now)
+        # Executors and worker read the cluster's time (the leader's clock), see scheduler.skew.
+        self.cluster_time = ClusterTime(self.clock, lambda: self.node.clock_offset_to_leader() if self.node else None)
+        self.http = HttpExecutor(now=self.cluster_time.now)
         self.worker: Worker | None = None
         self.metrics: Metrics | None = None
 
@@ -177,13 +182,13 @@ class Agent:
         self.node = node
         service = Service(self.state, node, Bridge(node, self.loop, self.relay), self.clock, c.node_id)
         self.service = service
-        self.worker = Worker(service, self.clock, {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)},
-                             lease=c.lease)
+        self.worker = Worker(service, self.clock, {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.cluster_time.now)},
+                             lease=c.lease, max_skew=c.max_clock_skew, cluster=self.cluster_time)
         self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status, worker=self.worker)
         self.worker.on_start, self.worker.on_finish = self.metrics.run_started, self.metrics.run_finished
         self.worker.start()
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=self.live, tokens=Tokens(c.api_token, c.api_read_token),
+                         live=lambda: trusted(self.live(), self.state.clocks), tokens=Tokens(c.api_token, c.api_read_token),
                          extras={"metrics": self.metrics, "observe_api": self.metrics.observe_api})
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
@@ -249,15 +254,16 @@ class Agent:
             leading = self.node.is_leader()
             running = self._leader_task is not None and not self._leader_task.done()
             if leading and not running:
+                skew = SkewWatch(self.service, self.clock, self.live, self.cfg.max_clock_skew)
                 self.leader = LeaderLoop(self.service, self.clock, LeaderConfig(lease=lease, plan=PlanConfig(
-                    start_deadline_us=int(max(2 * lease, 10) * 1e6))), self.live)
-                self._leader_task = asyncio.create_task(self._lead(self.leader), name="leader")
+                    start_deadline_us=int(max(2 * lease, 10) * 1e6))), skew.live)
+                self._leader_task = asyncio.create_task(self._lead(self.leader, skew), name="leader")
             elif not leading and running:
                 assert self._leader_task is not None
                 self._leader_task.cancel()
             await asyncio.sleep(0.05)
 
-    async def _lead(self, loop: LeaderLoop) -> None:
+    async def _lead(self, loop: LeaderLoop, skew: SkewWatch) -> None:
         """Everything only the leader does; cancelled as one when leadership goes."""
         sender = AlertSender(self.service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.advertise_http}",
                              on_delivery=self.metrics.alert_delivered if self.metrics else None)
@@ -265,11 +271,13 @@ class Agent:
         # even one this node won again); the sender goes with it, so the watcher starts a
         # fresh loop, barrier first, for the next term.
         sender_task = asyncio.create_task(sender.run(), name="alert-sender")
+        skew_task = asyncio.create_task(skew.run(), name="clock-skew")
         try:
             await loop.run()
         finally:
             sender_task.cancel()
-            await asyncio.gather(sender_task, return_exceptions=True)
+            skew_task.cancel()
+            await asyncio.gather(sender_task, skew_task, return_exceptions=True)
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""

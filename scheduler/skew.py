@@ -20,15 +20,38 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from raftlog import ClockEstimate
 
 from .clock import Clock
+from .commands import NodeClock
+from .duration import parse_duration
+from .errors import RaftcronError
 from .planner import us
+from .service import Service
 
-__all__ = ["ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict"]
+__all__ = ["ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict", "SkewWatch", "trusted",
+           "leader_lead_us", "not_before_local_us", "parse_max_skew"]
 
 log = logging.getLogger("raftcron.skew")
+
+
+def parse_max_skew(text: str) -> float:
+    """Seconds in a ``--max-clock-skew`` value: a duration (``1s``, ``2m``) or whole
+    milliseconds (``500ms``; job durations have no use for them, so only this flag reads
+    them); must be positive. Raises ValueError naming the flag."""
+    value = text.strip()
+    try:
+        if value.endswith("ms") and value[:-2].isdigit():
+            seconds = int(value[:-2]) / 1000
+        else:
+            seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"--max-clock-skew {text!r}: {exc}; or whole milliseconds, e.g. '500ms'") from exc
+    if seconds <= 0:
+        raise ValueError(f"--max-clock-skew {text!r}: must be more than zero")
+    return seconds
 
 
 class ClusterTime:
@@ -85,7 +108,7 @@ class ClockStatus:
 
 @dataclass(frozen=True, slots=True)
 class SkewVerdict:
-    skewed: frozenset[str]  # node ids to give no attempts (never the leader: see ClockGuard)
+    skewed: frozenset[str]  # node ids to give no attempts (the leader too, when its own clock is the far one)
     leader_skewed: bool
     changed: tuple[ClockStatus, ...]  # nodes whose skewed/not-skewed judgement changed since the last check
 
@@ -95,51 +118,74 @@ class ClockGuard:
 
     Call ``check`` with ``member_clocks()`` (raft_addr -> that member's wall minus
     the leader's), the member registry (raft_addr -> node id), the node ids the
-    leader can reach and the leader's own raft address. A member the leader
-    cannot reach and holds no estimate of keeps its last judgement: it gets no
-    attempts anyway, and flapping its status on every partition would alert for
-    nothing. ``known``: the judgements already recorded (the replicated state's, at the
-    start of a leadership), so a node an earlier leader found skewed is reported when it
-    recovers, and one already reported is not reported again.
+    leader can reach, the leader's own raft address and a monotonic ``now``.
+
+    - A follower is skewed when its offset is beyond ``max_skew``, or when the
+      leader can reach it and has held no estimate of it for ``unmeasured_grace``
+      seconds (the grace: a new leader's first samples take a keepalive round or
+      two, and every election must not raise an alert). A member the leader
+      cannot reach and holds no estimate of keeps its last judgement: it gets no
+      attempts anyway, and flapping its status on every partition would alert
+      for nothing.
+    - The leader is skewed when its clock is beyond ``max_skew`` from more than
+      half of ALL its followers' (not only of the measured ones: two unmeasured
+      followers of five must not let one far clock outvote the leader). Its
+      status carries its offset from the median of its followers' clocks, which
+      workers use so as not to fire early by the majority's clock either (see
+      ``leader_lead_us``); it leads on, but takes no attempts itself. Followers are then judged against that median,
+      not against the leader's clock: the fault is the leader's, and leaving the
+      healthy followers out would hand every attempt to the one suspect clock.
+
+    ``known``: the judgements already recorded (the replicated state's, at the
+    start of a leadership), so a node an earlier leader found skewed is reported
+    when it recovers, and one already reported is not reported again.
     """
 
-    def __init__(self, max_skew: float, known: Mapping[str, bool] | None = None) -> None:
+    def __init__(self, max_skew: float, known: Mapping[str, bool] | None = None, *,
+                 unmeasured_grace: float = 5.0) -> None:
         if max_skew <= 0:
             raise ValueError("max_skew must be positive")
         self.max_skew = max_skew
+        self.unmeasured_grace = unmeasured_grace
         self._judged: dict[str, bool] = dict(known or {})
+        self._unmeasured_since: dict[str, float] = {}
 
     def check(self, clocks: Mapping[str, ClockEstimate], members: Mapping[str, str], reachable: Collection[str],
-              leader_addr: str) -> SkewVerdict:
+              leader_addr: str, now: float) -> SkewVerdict:
         limit = self.max_skew
-        statuses: list[ClockStatus] = []
-        far: list[float] = []  # offsets of followers beyond the limit
-        followers: list[float] = []
         leader_id = members.get(leader_addr)
-        for addr, node in sorted(members.items(), key=lambda kv: kv[1]):
-            if node == leader_id:
-                continue
+        measured: dict[str, ClockEstimate] = {}
+        statuses: list[ClockStatus] = []
+        followers = sorted((node, addr) for addr, node in members.items() if node != leader_id)
+        for node, addr in followers:
             est = clocks.get(addr)
-            if est is None:
-                if node in reachable:
-                    statuses.append(ClockStatus(node, True, None, None, "no estimate of its clock yet"))
+            if est is not None:
+                measured[node] = est
+                self._unmeasured_since.pop(node, None)
                 continue
-            followers.append(est.offset)
-            beyond = abs(est.offset) > limit
-            if beyond:
-                far.append(est.offset)
-            why = (f"its clock is {est.offset:+.3f}s (±{est.error:.3f}s) from the leader's, beyond {limit:g}s"
-                   if beyond else f"its clock is {est.offset:+.3f}s (±{est.error:.3f}s) from the leader's")
+            since = self._unmeasured_since.setdefault(node, now)
+            if node in reachable and now - since >= self.unmeasured_grace:
+                statuses.append(ClockStatus(node, True, None, None,
+                                            f"the leader has had no estimate of its clock for {now - since:.0f}s"))
+        far = sum(1 for est in measured.values() if abs(est.offset) > limit)
+        leader_skewed = bool(followers) and 2 * far > len(followers)
+        reference = 0.0
+        if leader_skewed:
+            reference = _median([est.offset for est in measured.values()])
+            error = max(est.error for est in measured.values())
+            assert leader_id is not None  # followers beyond the limit are measured against a leader
+            statuses.append(ClockStatus(
+                leader_id, True, round(-reference * 1e6), round(error * 1e6),
+                f"the leader's clock is {-reference:+.3f}s from the median of its followers' clocks, and beyond "
+                f"{limit:g}s from {far} of its {len(followers)} followers'"))
+        elif leader_id is not None:
+            statuses.append(ClockStatus(leader_id, False, 0, 0, "the leader's clock agrees with its followers'"))
+        against = "the median of its followers'" if leader_skewed else "the leader's"
+        for node, est in sorted(measured.items()):
+            off = est.offset - reference
+            beyond = abs(off) > limit
+            why = f"its clock is {off:+.3f}s (±{est.error:.3f}s) from {against}" + (f", beyond {limit:g}s" if beyond else "")
             statuses.append(ClockStatus(node, beyond, round(est.offset * 1e6), round(est.error * 1e6), why))
-        n_followers = sum(1 for n in members.values() if n != leader_id)
-        # A majority of ALL followers, not of those measured: two unmeasured followers of five
-        # must not let one far clock outvote the leader.
-        leader_skewed = n_followers > 0 and 2 * len(far) > n_followers
-        if leader_id is not None:
-            median = _median(followers) if followers else 0.0
-            why = (f"the leader's clock is {-median:+.3f}s from the median of its followers', and beyond {limit:g}s "
-                   f"from {len(far)} of its {n_followers} followers'")
-            statuses.append(ClockStatus(leader_id, leader_skewed, round(-median * 1e6), None, why))
         changed = []
         for st in statuses:
             if self._judged.get(st.node) != st.skewed:
@@ -147,10 +193,104 @@ class ClockGuard:
                 if st.node in self._judged or st.skewed:
                     changed.append(st)
                 self._judged[st.node] = st.skewed
-        for node in [n for n in self._judged if n not in members.values()]:
+        ids = set(members.values())
+        for node in [n for n in self._judged if n not in ids]:
             del self._judged[node]  # removed from the cluster
-        skewed = frozenset(n for n, bad in self._judged.items() if bad and n != leader_id)
+        for node in [n for n in self._unmeasured_since if n not in ids]:
+            del self._unmeasured_since[node]
+        skewed = frozenset(n for n, bad in self._judged.items() if bad)
         return SkewVerdict(skewed, leader_skewed, tuple(changed))
+
+
+def trusted(live: set[str], clocks: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """``live`` without the nodes whose clocks the replicated state records as skewed: what
+    any node (not only the leader) hands the picker, e.g. for a manual run."""
+    return {n for n in live if not ((rec := clocks.get(n)) is not None and rec["skewed"])}
+
+
+class SkewWatch:
+    """The leader's side of clock skew: every ``interval`` it judges the members' clocks
+    (``ClockGuard``), leaves the skewed ones out of the planner's live set (``live``), logs
+    each change of judgement and commits it as a ``NodeClock`` entry, which records it in
+    the state and raises the ``clock_skew`` / ``clock_skew_recovered`` alert. Runs only
+    while this node leads; one per leadership."""
+
+    def __init__(self, service: Service, clock: Clock, live: Callable[[], set[str]], max_skew: float, *,
+                 interval: float = 0.25, unmeasured_grace: float = 5.0) -> None:
+        self.svc = service
+        self.state = service.state
+        self.clock = clock
+        self._live = live
+        self.max_skew = max_skew
+        self.interval = interval
+        self.unmeasured_grace = unmeasured_grace
+        self._guard: ClockGuard | None = None
+        self._skewed: frozenset[str] = frozenset()
+        self._pending: dict[str, ClockStatus] = {}
+
+    def live(self) -> set[str]:
+        """The planner's live set: reachable, and with a clock near enough the cluster's."""
+        return trusted(self._live(), self.state.clocks) - self._skewed
+
+    async def run(self) -> None:
+        node = self.svc.node
+        term = node.status().term
+        # Start from what earlier leaders recorded, so a recovery from their judgement is
+        # reported and their reports are not repeated: wait until this term's barrier (the
+        # leader loop commits it) is applied here.
+        while node.is_leader() and self.state.last_noop.get("term") != term:
+            await self.clock.sleep(self.interval)
+        self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
+                                 unmeasured_grace=self.unmeasured_grace)
+        while node.is_leader():
+            self.check()
+            await self._commit(term)
+            await self.clock.sleep(self.interval)
+
+    def check(self) -> SkewVerdict | None:
+        """Judge now; None before ``run`` has read what earlier leaders recorded."""
+        leader = self.svc.node.leader()
+        if self._guard is None or leader is None:
+            return None
+        members = {n["raft_addr"]: n["node_id"] for n in list(self.state.nodes.values())}
+        verdict = self._guard.check(self.svc.node.member_clocks(), members, self._live(), leader,
+                                    self.clock.monotonic())
+        self._skewed = verdict.skewed
+        for st in verdict.changed:
+            self._pending[st.node] = st
+            if st.node == self.svc.node_id:
+                log.warning("this leader's clock %s: %s", "is skewed" if st.skewed else "is back in line", st.reason)
+            elif st.skewed:
+                log.warning("node %s gets no attempts: %s", st.node, st.reason)
+            else:
+                log.warning("node %s gets attempts again: %s", st.node, st.reason)
+        return verdict
+
+    async def _commit(self, term: int) -> None:
+        for node, st in list(self._pending.items()):
+            cmd = NodeClock(at_us=self.svc.now_us(), node=st.node, offset_us=st.offset_us, error_us=st.error_us,
+                            skewed=st.skewed, leader=self.svc.node_id, term=term, reason=st.reason)
+            try:
+                await self.svc.propose(cmd)
+            except RaftcronError as exc:
+                log.warning("clock status of node %s not committed yet (%s); retrying", node, exc)
+                return
+            if self._pending.get(node) is st:  # a newer judgement waits for the next round
+                del self._pending[node]
+
+
+def leader_lead_us(clocks: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+                   leader_addr: str | None) -> tuple[int, int]:
+    """How far the current leader's clock runs from the median of its followers', with its
+    error bound, as the leader recorded it (``NodeClock`` on itself); ``(0, 0)`` unless it
+    recorded itself skewed. Reads the replicated state's ``clocks`` and ``nodes``."""
+    if leader_addr is None:
+        return 0, 0
+    leader = next((n["node_id"] for n in list(nodes.values()) if n["raft_addr"] == leader_addr), None)
+    rec = clocks.get(leader) if leader is not None else None
+    if rec is None or not rec["skewed"] or rec["leader"] != leader or rec["offset_us"] is None:
+        return 0, 0
+    return int(rec["offset_us"]), int(rec["error_us"] or 0)
 
 
 def _median(values: list[float]) -> float:

@@ -42,7 +42,7 @@ from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
 from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us, from_us, us
 from .service import Service
-from .skew import ClusterTime, not_before_local_us
+from .skew import ClusterTime, leader_lead_us, not_before_local_us
 from .state import Applied
 
 __all__ = ["Worker"]
@@ -207,6 +207,10 @@ class Worker:
         ``_fire`` tolerates (half a lease): a new leader's first sample arrives well within
         that, and past it the leader is about to count this node's attempts lost and retry
         them elsewhere, so the attempt is declined, as for a node cut off from the leader.
+
+        A leader that recorded its own clock ahead of most of its followers' (``NodeClock``
+        on itself, see ``scheduler.skew.ClockGuard``) holds the attempt back by that much
+        too: the slot is due by neither clock before both have reached it.
         """
         due = fire_at_us(run)
         waiting_since: float | None = None
@@ -225,7 +229,9 @@ class Worker:
                 await self.clock.sleep(ESTIMATE_POLL)
                 continue
             waiting_since = None
-            delay = (not_before_local_us(due, est) - us(self.clock.now())) / 1e6
+            lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
+            local_due = not_before_local_us(due, est) + (lead + lead_error if lead > 0 else 0)
+            delay = (local_due - us(self.clock.now())) / 1e6
             if delay <= 0:
                 return True
             await self.clock.sleep(delay)
@@ -238,15 +244,20 @@ class Worker:
         unstarted, the attempt is counted lost and retried elsewhere. Logged once per change.
         """
         est = self.cluster.estimate()
-        skewed = est is not None and abs(est.offset) > self.max_skew
+        # Against the leader's clock, or against its followers' median when the leader
+        # recorded its own clock as the far one (then this node, if it is that leader, is
+        # the skewed one).
+        lead, _ = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
+        offset = None if est is None else est.offset - lead / 1e6
+        skewed = offset is not None and abs(offset) > self.max_skew
         if skewed != self.skewed:
             self.skewed = skewed
-            if skewed:
-                assert est is not None
-                log.warning("this node's clock is %+.3fs (±%.3fs) from the leader's, beyond --max-clock-skew "
-                            "%gs: starting no attempts until it is back within", est.offset, est.error, self.max_skew)
+            if offset is not None and skewed:
+                log.warning("this node's clock is %+.3fs (±%.3fs) from the cluster's, beyond --max-clock-skew "
+                            "%gs: starting no attempts until it is back within", offset, est.error if est else 0.0,
+                            self.max_skew)
             else:
-                log.warning("this node's clock is back within --max-clock-skew %gs of the leader's: "
+                log.warning("this node's clock is back within --max-clock-skew %gs of the cluster's: "
                             "starting attempts again", self.max_skew)
         if skewed:
             self.declined += 1
