@@ -8,10 +8,16 @@ pure rule the leader applies to every member's estimate.
 
 A node is *skewed* when its clock is more than ``max_skew`` from the leader's,
 or when the leader can reach it and still holds no estimate of it. A skewed
-node gets no attempts (the leader leaves it out of the planner's live set) and
-refuses to start any itself. The leader cannot leave itself out of leading;
-when its clock is far from a majority of its followers' it is reported the
-same way (a log line and a ``clock_skew`` alert).
+node gets no attempts (the leader leaves it out of the planner's live set,
+``SkewWatch``) and refuses to start any itself (``Worker``). Each change is
+committed (``NodeClock``), logged, and raises a ``clock_skew`` alert (or
+``clock_skew_recovered``).
+
+The leader cannot leave itself out of leading. When its clock is far from a
+majority of its followers' it is reported the same way, takes no attempts, and
+records how far ahead it runs; workers then wait for the slot by the majority's
+clock too (``leader_lead_us``), so a leader running fast does not make the
+cluster fire early either. A leader running slow only makes slots late.
 """
 
 from __future__ import annotations
@@ -111,6 +117,7 @@ class SkewVerdict:
     skewed: frozenset[str]  # node ids to give no attempts (the leader too, when its own clock is the far one)
     leader_skewed: bool
     changed: tuple[ClockStatus, ...]  # nodes whose skewed/not-skewed judgement changed since the last check
+    leader: ClockStatus | None = None  # the leader's own, changed or not
 
 
 class ClockGuard:
@@ -128,13 +135,14 @@ class ClockGuard:
       attempts anyway, and flapping its status on every partition would alert
       for nothing.
     - The leader is skewed when its clock is beyond ``max_skew`` from more than
-      half of ALL its followers' (not only of the measured ones: two unmeasured
-      followers of five must not let one far clock outvote the leader). Its
+      half of ALL its followers' (not only of the measured ones: with two of four
+      followers not measured yet, the other two being far is no majority). Its
       status carries its offset from the median of its followers' clocks, which
       workers use so as not to fire early by the majority's clock either (see
-      ``leader_lead_us``); it leads on, but takes no attempts itself. Followers are then judged against that median,
-      not against the leader's clock: the fault is the leader's, and leaving the
-      healthy followers out would hand every attempt to the one suspect clock.
+      ``leader_lead_us``); it leads on, but takes no attempts itself. Followers
+      are then judged against that median, not against the leader's clock: the
+      fault is the leader's, and leaving the healthy followers out would hand
+      every attempt to the one suspect clock.
 
     ``known``: the judgements already recorded (the replicated state's, at the
     start of a leadership), so a node an earlier leader found skewed is reported
@@ -170,16 +178,19 @@ class ClockGuard:
         far = sum(1 for est in measured.values() if abs(est.offset) > limit)
         leader_skewed = bool(followers) and 2 * far > len(followers)
         reference = 0.0
+        own: ClockStatus | None = None
         if leader_skewed:
             reference = _median([est.offset for est in measured.values()])
             error = max(est.error for est in measured.values())
             assert leader_id is not None  # followers beyond the limit are measured against a leader
-            statuses.append(ClockStatus(
+            own = ClockStatus(
                 leader_id, True, round(-reference * 1e6), round(error * 1e6),
                 f"the leader's clock is {-reference:+.3f}s from the median of its followers' clocks, and beyond "
-                f"{limit:g}s from {far} of its {len(followers)} followers'"))
+                f"{limit:g}s from {far} of its {len(followers)} followers'")
         elif leader_id is not None:
-            statuses.append(ClockStatus(leader_id, False, 0, 0, "the leader's clock agrees with its followers'"))
+            own = ClockStatus(leader_id, False, 0, 0, "the leader's clock agrees with its followers'")
+        if own is not None:
+            statuses.append(own)
         against = "the median of its followers'" if leader_skewed else "the leader's"
         for node, est in sorted(measured.items()):
             off = est.offset - reference
@@ -199,7 +210,7 @@ class ClockGuard:
         for node in [n for n in self._unmeasured_since if n not in ids]:
             del self._unmeasured_since[node]
         skewed = frozenset(n for n, bad in self._judged.items() if bad)
-        return SkewVerdict(skewed, leader_skewed, tuple(changed))
+        return SkewVerdict(skewed, leader_skewed, tuple(changed), own)
 
 
 def trusted(live: set[str], clocks: Mapping[str, Mapping[str, Any]]) -> set[str]:
@@ -256,6 +267,13 @@ class SkewWatch:
         verdict = self._guard.check(self.svc.node.member_clocks(), members, self._live(), leader,
                                     self.clock.monotonic())
         self._skewed = verdict.skewed
+        own, rec = verdict.leader, self.state.clocks.get(self.svc.node_id)
+        if own is not None and own.skewed and own not in verdict.changed and rec is not None and (
+                rec["leader"] != self.svc.node_id or abs((rec["offset_us"] or 0) - (own.offset_us or 0))
+                > self.max_skew * 250_000):
+            # Workers hold attempts back by the lead this leader recorded for itself
+            # (leader_lead_us): it must be this leadership's record, and kept near the truth.
+            self._pending[own.node] = own
         for st in verdict.changed:
             self._pending[st.node] = st
             if st.node == self.svc.node_id:

@@ -487,3 +487,27 @@ def test_a_snapshot_without_the_clocks_section_restores_empty() -> None:
     back.restore(raw)
     assert back.clocks == {} and "n1" in back.nodes
 
+
+
+async def test_a_leader_recorded_skewed_under_another_leader_records_its_own_lead() -> None:
+    # n1, skewed as a follower of n2 (+3 s), now leads: workers hold attempts back by the lead
+    # only from a record of this leadership, so the watch commits one although the judgement
+    # (skewed) did not change.
+    clock, state, node, service = await _cluster()
+    await service.propose(NodeClock(at_us=us(LOCAL0), node="n1", offset_us=3_000_000, error_us=1_000, skewed=True,
+                                    leader="n2", term=1, reason="ahead of n2"))
+    assert leader_lead_us(state.clocks, state.nodes, "mem:1") == (0, 0), "n2's judgement of a follower"
+    node.clocks = {"mem:1": _est(0), "mem:2": _est(-3.0), "mem:3": _est(-3.0)}
+    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
+    task = asyncio.create_task(watch.run())
+    try:
+        await _settle()
+        assert leader_lead_us(state.clocks, state.nodes, "mem:1") == (3_000_000, 5_000)
+        assert [a["event"] for a in state.alerts.values()] == ["clock_skew"], "no second alert for the same skew"
+        node.clocks = {"mem:1": _est(0), "mem:2": _est(-4.0), "mem:3": _est(-4.0)}  # the leader's clock jumps on
+        clock.advance(0.25)
+        await _settle()
+        assert leader_lead_us(state.clocks, state.nodes, "mem:1") == (4_000_000, 5_000)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
