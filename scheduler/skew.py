@@ -81,6 +81,11 @@ class ClusterTime:
             self._last = est
         return est
 
+    @property
+    def last(self) -> ClockEstimate | None:
+        """The newest estimate ever seen (None before the first)."""
+        return self._last
+
     def now(self) -> datetime:
         self.estimate()
         last = self._last

@@ -203,10 +203,11 @@ class Worker:
 
         Without an estimate (no leader known, or a new one not sampled yet) nothing tells
         when the instant is. Rather than guess by this node's own clock (the early firing
-        this guards against), wait for one, but no longer than the leader-contact rule in
-        ``_fire`` tolerates (half a lease): a new leader's first sample arrives well within
-        that, and past it the leader is about to count this node's attempts lost and retry
-        them elsewhere, so the attempt is declined, as for a node cut off from the leader.
+        this guards against), wait for one, but, once the instant is past by the last
+        estimate seen, no longer than the leader-contact rule in ``_fire`` tolerates (half
+        a lease): a new leader's first sample arrives well within that, and past it the
+        leader is about to count this node's attempts lost and retry them elsewhere, so
+        the attempt is declined, as for a node cut off from the leader.
 
         A leader that recorded its own clock ahead of most of its followers' (``NodeClock``
         on itself, see ``scheduler.skew.ClockGuard``) holds the attempt back by that much
@@ -217,6 +218,11 @@ class Worker:
         while True:
             est = self.cluster.estimate()
             if est is None:
+                last = self.cluster.last
+                early = (not_before_local_us(due, last) if last else due) - us(self.clock.now())
+                if early > 0:  # not due yet by any reckoning: no need to count the wait
+                    await self.clock.sleep(min(early / 1e6, ESTIMATE_POLL))
+                    continue
                 now = self.clock.monotonic()
                 if waiting_since is None:
                     waiting_since = now

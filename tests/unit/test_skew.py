@@ -233,6 +233,22 @@ async def test_an_estimate_arriving_while_waiting_is_used() -> None:
         await worker.stop()
 
 
+async def test_no_estimate_long_before_the_instant_is_not_held_against_the_attempt() -> None:
+    clock, state, node, service, rec = await _setup(None)
+    worker = _worker(service, clock, rec)
+    worker.start()
+    try:
+        slot = LOCAL0 + timedelta(seconds=20)  # a retry's backoff instant, say: far ahead
+        await _claim(service, slot)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=19))  # 19 s without an estimate, > half a lease
+        node.estimate = ClockEstimate(0.2, 0.01, 0.0)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=25))
+        assert worker.declined == 0 and len(rec.fired) == 1
+        assert rec.fired[0][1] + timedelta(seconds=0.2) >= slot
+    finally:
+        await worker.stop()
+
+
 async def test_a_node_skewed_itself_starts_nothing_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
     clock, state, node, service, rec = await _setup(ClockEstimate(-3.0, 0.01, 0.0))
     worker = _worker(service, clock, rec, max_skew=0.5)
