@@ -176,8 +176,11 @@ class ClockGuard:
                 measured[node] = est
                 self._unmeasured_since.pop(node, None)
                 continue
+            if node not in reachable:  # the grace counts from when it can be reached (and sampled)
+                self._unmeasured_since.pop(node, None)
+                continue
             since = self._unmeasured_since.setdefault(node, now)
-            if node in reachable and now - since >= self.unmeasured_grace:
+            if now - since >= self.unmeasured_grace:
                 statuses.append(ClockStatus(node, True, None, None,
                                             f"the leader has had no estimate of its clock for {now - since:.0f}s"))
         far = sum(1 for est in measured.values() if abs(est.offset) > limit)

@@ -331,6 +331,11 @@ def test_guard_an_unreachable_member_never_measured_is_not_news() -> None:
     v = g.check({"a:1": _est(0), "a:2": _est(0)}, MEMBERS, {"n1", "n2"}, "a:1", 0.0)
     v = g.check({"a:1": _est(0), "a:2": _est(0)}, MEMBERS, {"n1", "n2"}, "a:1", 50.0)
     assert v.skewed == frozenset() and v.changed == ()
+    # Reachable at last: its grace starts now, not when it was first seen.
+    v = g.check({"a:1": _est(0), "a:2": _est(0)}, MEMBERS, {"n1", "n2", "n3"}, "a:1", 50.5)
+    assert v.skewed == frozenset() and v.changed == ()
+    v = g.check({"a:1": _est(0), "a:2": _est(0)}, MEMBERS, {"n1", "n2", "n3"}, "a:1", 51.5)
+    assert v.skewed == {"n3"}
 
 
 def test_guard_a_leader_far_from_a_majority_is_the_skewed_one() -> None:
