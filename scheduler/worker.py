@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from raftlog import ClockEstimate
+
 from .clock import Clock
 from .commands import (
     CancelRun,
@@ -155,8 +157,6 @@ class Worker:
                         "the leader will count it lost", run["job"], run["attempt"],
                         from_us(run["slot_us"]).isoformat(), rid, silent)
             return
-        if not self._clock_ok(run):
-            return
         kind = str(job.executor)
         attempt = Attempt(
             job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
@@ -193,8 +193,8 @@ class Worker:
         self._kick.set()
 
     async def _reach_instant(self, run: dict[str, Any]) -> bool:
-        """Wait until the leader's clock has certainly reached the attempt's instant; False
-        (the attempt declined) if no estimate of the leader's clock came in time.
+        """Wait until the leader's clock has certainly reached the attempt's instant, with
+        this node's clock trusted; False (the attempt declined) if that did not come in time.
 
         The sleep is on the monotonic clock, its length computed from the wall clock and
         the newest estimate; after each wake the instant is computed again, since the
@@ -202,73 +202,63 @@ class Worker:
         by the newest estimate.
 
         Without an estimate (no leader known, or a new one not sampled yet) nothing tells
-        when the instant is. Rather than guess by this node's own clock (the early firing
-        this guards against), wait for one, but, once the instant is past by the last
-        estimate seen, no longer than the leader-contact rule in ``_fire`` tolerates (half
-        a lease): a new leader's first sample arrives well within that, and past it the
-        leader is about to count this node's attempts lost and retry them elsewhere, so
-        the attempt is declined, as for a node cut off from the leader.
-
-        A leader that recorded its own clock ahead of most of its followers' (``NodeClock``
-        on itself, see ``scheduler.skew.ClockGuard``) holds the attempt back by that much
-        too: the slot is due by neither clock before both have reached it.
+        when the instant is, and with this node's clock beyond ``max_skew`` it must not
+        start (see ``_clock_ok``). Rather than guess by this node's own clock (the early
+        firing this guards against), wait for that to change, but, once the instant is
+        past by the last estimate seen, no longer than the leader-contact rule in
+        ``_fire`` tolerates (half a lease): a new leader's first sample, or the record
+        of a leader's clock stepping ahead (see ``leader_lead_us``), arrives well within
+        that; past it the leader is about to count this node's attempts lost and retry
+        them elsewhere, so the attempt is declined, as for a node cut off from the leader.
         """
         due = fire_at_us(run)
         waiting_since: float | None = None
         while True:
             est = self.cluster.estimate()
-            if est is None:
-                last = self.cluster.last
-                early = (not_before_local_us(due, last) if last else due) - us(self.clock.now())
-                if early > 0:  # not due yet by any reckoning: no need to count the wait
-                    await self.clock.sleep(min(early / 1e6, ESTIMATE_POLL))
-                    continue
-                now = self.clock.monotonic()
-                if waiting_since is None:
-                    waiting_since = now
-                elif now - waiting_since > self.lease / 2:
-                    self.declined += 1
-                    log.warning("not starting %s attempt %d of slot %s (run %s): no estimate of the leader's "
-                                "clock for %.1fs; the leader will count it lost", run["job"], run["attempt"],
-                                from_us(run["slot_us"]).isoformat(), run["id"], now - waiting_since)
-                    return False
-                await self.clock.sleep(ESTIMATE_POLL)
-                continue
-            waiting_since = None
             lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
-            local_due = not_before_local_us(due, est) + (lead + lead_error if lead > 0 else 0)
+            basis = est or self.cluster.last
+            local_due = due if basis is None else not_before_local_us(due, basis)
+            # A leader that recorded its own clock ahead of most of its followers' (NodeClock on
+            # itself, see scheduler.skew.ClockGuard) holds the attempt back by that much too:
+            # the slot is due by neither clock before both have reached it.
+            local_due += lead + lead_error if lead > 0 else 0
             delay = (local_due - us(self.clock.now())) / 1e6
-            if delay <= 0:
+            if delay > 0:
+                await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
+                continue
+            if est is not None and self._clock_ok(est, lead):
                 return True
-            await self.clock.sleep(delay)
+            now = self.clock.monotonic()
+            if waiting_since is None:
+                waiting_since = now
+            elif now - waiting_since > self.lease / 2:
+                self.declined += 1
+                why = "no estimate of the leader's clock" if est is None else "this node's clock skewed"
+                log.warning("not starting %s attempt %d of slot %s (run %s): %s for %.1fs; the leader will count "
+                            "it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(), run["id"],
+                            why, now - waiting_since)
+                return False
+            await self.clock.sleep(ESTIMATE_POLL)
 
-    def _clock_ok(self, run: dict[str, Any]) -> bool:
-        """Whether this node's clock is near enough the leader's to start an attempt.
+    def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
+        """Whether this node's clock is near enough the cluster's to start an attempt.
 
         The leader gives a skewed node no new attempts; this covers the ones claimed before
-        it noticed, and a leader that cannot judge this node (it sees no estimate). Left
-        unstarted, the attempt is counted lost and retried elsewhere. Logged once per change.
+        it noticed, and a leader that cannot judge this node (it sees no estimate). Judged
+        against the leader's clock, or against its followers' median when the leader
+        recorded its own clock as the far one (then this node, if it is that leader, is the
+        skewed one). Logged once per change, not per attempt.
         """
-        est = self.cluster.estimate()
-        # Against the leader's clock, or against its followers' median when the leader
-        # recorded its own clock as the far one (then this node, if it is that leader, is
-        # the skewed one).
-        lead, _ = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
-        offset = None if est is None else est.offset - lead / 1e6
-        skewed = offset is not None and abs(offset) > self.max_skew
+        offset = est.offset - lead_us / 1e6
+        skewed = abs(offset) > self.max_skew
         if skewed != self.skewed:
             self.skewed = skewed
-            if offset is not None and skewed:
+            if skewed:
                 log.warning("this node's clock is %+.3fs (±%.3fs) from the cluster's, beyond --max-clock-skew "
-                            "%gs: starting no attempts until it is back within", offset, est.error if est else 0.0,
-                            self.max_skew)
+                            "%gs: starting no attempts until it is back within", offset, est.error, self.max_skew)
             else:
                 log.warning("this node's clock is back within --max-clock-skew %gs of the cluster's: "
                             "starting attempts again", self.max_skew)
-        if skewed:
-            self.declined += 1
-            log.info("not starting %s attempt %d of slot %s (run %s): this node's clock is skewed",
-                     run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(), run["id"])
         return not skewed
 
     # ---- batched reports -------------------------------------------------------------

@@ -291,6 +291,31 @@ async def test_a_leader_recorded_ahead_of_its_followers_holds_attempts_back_by_i
         await worker.stop()
 
 
+async def test_a_leader_stepping_ahead_holds_attempts_until_its_lead_is_recorded() -> None:
+    # The leader's clock jumps 3 s ahead: this follower's estimate says so before the leader's
+    # record of its lead is committed. Its own clock now reads as skewed, so it holds the
+    # attempt instead of firing it 3 s early, and fires once the record tells it the lead.
+    clock, state, node, service, rec = await _setup(ClockEstimate(0.0, 0.01, 0.0))
+    await service.propose(RegisterNode(at_us=us(LOCAL0), node_id="n0", raft_addr="mem:0", http_addr="mem:9"))
+    node.addr = "mem:0"  # n0 leads
+    worker = _worker(service, clock, rec)
+    worker.start()
+    try:
+        slot = LOCAL0 + timedelta(seconds=2)  # this node keeps the true time
+        await _claim(service, slot)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=0.5))
+        node.estimate = ClockEstimate(3.0, 0.01, 0.0)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=2.3))
+        assert rec.fired == [] and worker.skewed, "held, not fired by the stepped leader's clock"
+        await service.propose(NodeClock(at_us=us(LOCAL0), node="n0", offset_us=3_000_000, error_us=10_000,
+                                        skewed=True, leader="n0", term=1, reason="ahead"))
+        await _run_until(clock, LOCAL0 + timedelta(seconds=3))
+        assert len(rec.fired) == 1 and worker.declined == 0 and not worker.skewed
+        assert slot <= rec.fired[0][1] <= LOCAL0 + timedelta(seconds=2.4)
+    finally:
+        await worker.stop()
+
+
 # ---- the guard (pure) ------------------------------------------------------------------
 
 MEMBERS = {"a:1": "n1", "a:2": "n2", "a:3": "n3"}  # n1 leads at a:1
