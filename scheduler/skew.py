@@ -121,7 +121,7 @@ class ClockStatus:
 class SkewVerdict:
     skewed: frozenset[str]  # node ids to give no attempts (the leader too, when its own clock is the far one)
     leader_skewed: bool
-    changed: tuple[ClockStatus, ...]  # nodes whose skewed/not-skewed judgement changed since the last check
+    changed: tuple[ClockStatus, ...]  # judgements changed (and settled) since the last report
     leader: ClockStatus | None = None  # the leader's own, changed or not
 
 
@@ -149,19 +149,23 @@ class ClockGuard:
       fault is the leader's, and leaving the healthy followers out would hand
       every attempt to the one suspect clock.
 
-    ``known``: the judgements already recorded (the replicated state's, at the
-    start of a leadership), so a node an earlier leader found skewed is reported
-    when it recovers, and one already reported is not reported again.
+    A skewed node is left out at once (``skewed``), but a change is reported
+    (``changed``) only once it has held for ``settle`` seconds. ``known``: the
+    judgements already recorded (the replicated state's, at the start of a
+    leadership), so a node an earlier leader found skewed is reported when it
+    recovers, and one already reported is not reported again.
     """
 
     def __init__(self, max_skew: float, known: Mapping[str, bool] | None = None, *,
-                 unmeasured_grace: float = 5.0) -> None:
+                 unmeasured_grace: float = 5.0, settle: float = 1.0) -> None:
         if max_skew <= 0:
             raise ValueError("max_skew must be positive")
         self.max_skew = max_skew
         self.unmeasured_grace = unmeasured_grace
-        self._judged: dict[str, bool] = dict(known or {})
+        self.settle = settle
+        self._judged: dict[str, bool] = dict(known or {})  # as last reported
         self._unmeasured_since: dict[str, float] = {}
+        self._turning: dict[str, float] = {}  # node -> since when its judgement differs from the reported one
 
     def check(self, clocks: Mapping[str, ClockEstimate], members: Mapping[str, str], reachable: Collection[str],
               leader_addr: str, now: float) -> SkewVerdict:
@@ -205,20 +209,36 @@ class ClockGuard:
             beyond = abs(off) > limit
             why = f"its clock is {off:+.3f}s (±{est.error:.3f}s) from {against}" + (f", beyond {limit:g}s" if beyond else "")
             statuses.append(ClockStatus(node, beyond, round(est.offset * 1e6), round(est.error * 1e6), why))
+        changed = self._settle(statuses, now, leader_id)
+        ids = set(members.values())
+        for table in (self._judged, self._unmeasured_since, self._turning):
+            for node in [n for n in table if n not in ids]:
+                del table[node]  # removed from the cluster
+        # Left out at once, reported once settled.
+        current = {**self._judged, **{st.node: st.skewed for st in statuses}}
+        skewed = frozenset(n for n, bad in current.items() if bad)
+        return SkewVerdict(skewed, leader_skewed, tuple(changed), own)
+
+    def _settle(self, statuses: list[ClockStatus], now: float, leader_id: str | None) -> list[ClockStatus]:
+        """The judgements that changed and have held for ``settle`` seconds. A leader's clock
+        step reaches its followers' samples a keepalive round apart, so for a moment one
+        follower alone looks far; that must not raise an alert and its recovery. The
+        leader's own judgement needs a majority of followers far at once and is not
+        transient that way; it is reported at once, since workers time slots by the lead
+        it records."""
         changed = []
         for st in statuses:
-            if self._judged.get(st.node) != st.skewed:
-                # A node first seen with a good clock is no news; a first skewed one is.
-                if st.node in self._judged or st.skewed:
-                    changed.append(st)
+            was = self._judged.get(st.node)
+            if was == st.skewed or (was is None and not st.skewed):
+                self._turning.pop(st.node, None)
+                self._judged[st.node] = st.skewed  # a node first seen with a good clock is no news
+                continue
+            since = self._turning.setdefault(st.node, now)
+            if now - since >= self.settle or st.node == leader_id:
+                del self._turning[st.node]
                 self._judged[st.node] = st.skewed
-        ids = set(members.values())
-        for node in [n for n in self._judged if n not in ids]:
-            del self._judged[node]  # removed from the cluster
-        for node in [n for n in self._unmeasured_since if n not in ids]:
-            del self._unmeasured_since[node]
-        skewed = frozenset(n for n, bad in self._judged.items() if bad)
-        return SkewVerdict(skewed, leader_skewed, tuple(changed), own)
+                changed.append(st)
+        return changed
 
 
 def trusted(live: set[str], clocks: Mapping[str, Mapping[str, Any]]) -> set[str]:
@@ -235,7 +255,7 @@ class SkewWatch:
     while this node leads; one per leadership."""
 
     def __init__(self, service: Service, clock: Clock, live: Callable[[], set[str]], max_skew: float, *,
-                 interval: float = 0.25, unmeasured_grace: float = 5.0) -> None:
+                 interval: float = 0.25, unmeasured_grace: float = 5.0, settle: float = 1.0) -> None:
         self.svc = service
         self.state = service.state
         self.clock = clock
@@ -243,12 +263,15 @@ class SkewWatch:
         self.max_skew = max_skew
         self.interval = interval
         self.unmeasured_grace = unmeasured_grace
+        self.settle = settle
         self._guard: ClockGuard | None = None
         self._skewed: frozenset[str] = frozenset()
         self._pending: dict[str, ClockStatus] = {}
 
     def live(self) -> set[str]:
-        """The planner's live set: reachable, and with a clock near enough the cluster's."""
+        """The planner's live set: reachable, and with a clock near enough the cluster's. A node
+        is left out the moment the guard finds it skewed, and taken back only once its
+        recovery is recorded (``trusted``): a clock seen good for a moment is not yet trusted."""
         return trusted(self._live(), self.state.clocks) - self._skewed
 
     async def run(self) -> None:
@@ -260,7 +283,7 @@ class SkewWatch:
         while node.is_leader() and self.state.last_noop.get("term") != term:
             await self.clock.sleep(self.interval)
         self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
-                                 unmeasured_grace=self.unmeasured_grace)
+                                 unmeasured_grace=self.unmeasured_grace, settle=self.settle)
         while node.is_leader():
             self.check()
             await self._commit(term)

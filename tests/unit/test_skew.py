@@ -326,7 +326,7 @@ def _est(offset: float) -> ClockEstimate:
 
 
 def test_guard_reports_each_transition_once() -> None:
-    g = ClockGuard(0.5)
+    g = ClockGuard(0.5, settle=0.0)
     v = g.check({"a:1": _est(0), "a:2": _est(0.01), "a:3": _est(3.0)}, MEMBERS, {"n1", "n2", "n3"}, "a:1", 0.0)
     assert v.skewed == {"n3"} and not v.leader_skewed
     assert [(c.node, c.skewed, c.offset_us) for c in v.changed] == [("n3", True, 3_000_000)]
@@ -339,7 +339,7 @@ def test_guard_reports_each_transition_once() -> None:
 
 
 def test_guard_a_reachable_member_without_estimate_is_skewed_after_the_grace_only() -> None:
-    g = ClockGuard(0.5, unmeasured_grace=5.0)
+    g = ClockGuard(0.5, unmeasured_grace=5.0, settle=0.0)
     clocks = {"a:1": _est(0), "a:2": _est(0)}
     v = g.check(clocks, MEMBERS, {"n1", "n2", "n3"}, "a:1", 100.0)
     assert v.skewed == frozenset() and v.changed == ()
@@ -376,6 +376,26 @@ def test_guard_a_leader_far_from_a_majority_is_the_skewed_one() -> None:
     assert not v.leader_skewed and v.skewed == {"n3"}
 
 
+def test_guard_leaves_a_node_out_at_once_but_reports_only_a_settled_change() -> None:
+    g = ClockGuard(0.5, settle=1.0)
+    good = {"a:1": _est(0), "a:2": _est(0), "a:3": _est(0)}
+    assert g.check(good, MEMBERS, {"n1", "n2", "n3"}, "a:1", 0.0).changed == ()
+    blip = {**good, "a:2": _est(-3.0)}  # a leader's step, seen by one follower's sample so far
+    v = g.check(blip, MEMBERS, {"n1", "n2", "n3"}, "a:1", 1.0)
+    assert v.skewed == {"n2"} and v.changed == ()
+    v = g.check(good, MEMBERS, {"n1", "n2", "n3"}, "a:1", 1.5)
+    assert v.skewed == frozenset() and v.changed == (), "back before it settled: no report, no recovery"
+    g.check(blip, MEMBERS, {"n1", "n2", "n3"}, "a:1", 2.0)
+    v = g.check(blip, MEMBERS, {"n1", "n2", "n3"}, "a:1", 2.9)
+    assert v.skewed == {"n2"} and v.changed == ()
+    v = g.check(blip, MEMBERS, {"n1", "n2", "n3"}, "a:1", 3.0)
+    assert [(c.node, c.skewed) for c in v.changed] == [("n2", True)]
+    # The leader's own judgement is reported at once: workers time slots by the lead it records.
+    ahead = {"a:1": _est(0), "a:2": _est(-3.0), "a:3": _est(-3.0)}
+    v = g.check(ahead, MEMBERS, {"n1", "n2", "n3"}, "a:1", 3.1)
+    assert v.leader_skewed and ("n1", True) in [(c.node, c.skewed) for c in v.changed]
+
+
 def test_guard_majority_counts_unmeasured_followers() -> None:
     members = {f"a:{i}": f"n{i}" for i in range(1, 6)}
     g = ClockGuard(0.5)
@@ -385,7 +405,7 @@ def test_guard_majority_counts_unmeasured_followers() -> None:
 
 
 def test_guard_starts_from_what_is_recorded() -> None:
-    g = ClockGuard(0.5, known={"n3": True, "n2": False})
+    g = ClockGuard(0.5, known={"n3": True, "n2": False}, settle=0.0)
     v = g.check({"a:1": _est(0), "a:2": _est(0), "a:3": _est(0.1)}, MEMBERS, {"n1", "n2", "n3"}, "a:1", 0.0)
     assert [(c.node, c.skewed) for c in v.changed] == [("n3", False)], "a recovery from an earlier leader's judgement"
     g = ClockGuard(0.5, known={"n3": True})
@@ -452,11 +472,16 @@ def _picks(service: Service, live: set[str], n: int = 60) -> set[str]:
 async def test_the_picker_never_picks_a_skewed_node_and_each_change_is_one_alert() -> None:
     clock, state, node, service = await _cluster()
     node.clocks = {"mem:1": _est(0), "mem:2": _est(0.01), "mem:3": _est(3.0)}
-    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5, interval=0.25)
+    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5, interval=0.25, settle=1.0)
     task = asyncio.create_task(watch.run())
     try:
         await _settle()
         assert _picks(service, watch.live()) == {"n2"}, "n3 is skewed; the leader (n1) is spared while n2 is free"
+        assert "n3" not in state.clocks, "left out at once, reported once settled"
+        for _ in range(4):
+            clock.advance(0.25)
+            await _settle()
+        assert _picks(service, watch.live()) == {"n2"}
         assert state.clocks["n3"]["skewed"] and state.clocks["n3"]["offset_us"] == 3_000_000
         assert trusted({"n1", "n2", "n3"}, state.clocks) == {"n1", "n2"}, "every node's picker reads the record"
         skew_alerts = [a for a in state.alerts.values() if a["event"].startswith("clock_skew")]
@@ -468,8 +493,12 @@ async def test_the_picker_never_picks_a_skewed_node_and_each_change_is_one_alert
         node.clocks["mem:3"] = _est(0.1)
         clock.advance(0.25)
         await _settle()
-        assert "n3" in _picks(service, watch.live())
+        assert _picks(service, watch.live()) == {"n2"}, "taken back only once the recovery is recorded"
+        for _ in range(4):
+            clock.advance(0.25)
+            await _settle()
         assert not state.clocks["n3"]["skewed"]
+        assert _picks(service, watch.live()) == {"n2", "n3"}
         events = [a["event"] for a in state.alerts.values() if a["event"].startswith("clock_skew")]
         assert events == ["clock_skew", "clock_skew_recovered"]
     finally:
