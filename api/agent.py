@@ -23,11 +23,12 @@ from typing import Any
 
 from aiohttp import web
 
-from raftlog import Bridge, MissingSecret, NodeConfig, RaftNode
+from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode
 from scheduler.clock import SystemClock
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
+from scheduler.skew import ClusterTime, parse_max_skew
 from scheduler.state import State
 
 from .app import create_app
@@ -56,6 +57,7 @@ class AgentConfig:
     lease: float = 5.0
     fsync: bool = True
     compaction_entries: int = 20000
+    max_clock_skew: float = 0.5
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -80,6 +82,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-read-token", default=_env("API_READ_TOKEN"), help="read-only bearer token (RAFTCRON_API_READ_TOKEN)")
     p.add_argument("--alert-webhook", default=_env("ALERT_WEBHOOK"), help="default alert webhook (RAFTCRON_ALERT_WEBHOOK)")
     p.add_argument("--lease", default=_env("LEASE", "5s"), help="attempt lease, e.g. 5s (RAFTCRON_LEASE)")
+    p.add_argument("--max-clock-skew", default=_env("MAX_CLOCK_SKEW", "500ms"), help="a node whose clock is further than this from the leader's gets no attempts, e.g. 500ms, 2s (RAFTCRON_MAX_CLOCK_SKEW)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
@@ -112,7 +115,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         data_dir=Path(args.data_dir or f"./data/{args.node_id}"), secret=args.secret, tags=_tags(args.tag),
         allow_shell=bool(args.allow_shell), api_token=args.api_token, api_read_token=args.api_read_token,
         alert_webhook=args.alert_webhook, lease=parse_duration(args.lease), fsync=not args.no_fsync,
-        compaction_entries=args.compaction_entries,
+        compaction_entries=args.compaction_entries, max_clock_skew=parse_max_skew(str(args.max_clock_skew)),
     )
 
 
@@ -131,8 +134,13 @@ class Agent:
         self.runtime: SchedulerRuntime | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
-        self.http = HttpExecutor(now=self.clock.now)
+        # Executors and worker read the cluster's time (the leader's clock), see scheduler.skew.
+        self.cluster_time = ClusterTime(self.clock, self._offset_to_leader)
+        self.http = HttpExecutor(now=self.cluster_time.now)
         self.metrics: Metrics | None = None
+
+    def _offset_to_leader(self) -> ClockEstimate | None:
+        return self.node.clock_offset_to_leader() if self.node is not None else None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -142,8 +150,10 @@ class Agent:
         runtime = SchedulerRuntime(
             self.state, self.clock,
             RuntimeConfig(node_id=c.node_id, raft_addr=c.raft_addr, http_addr=self.advertise_http, tags=c.tags,
-                          allow_shell=c.allow_shell, lease=c.lease, alert_webhook=c.alert_webhook),
-            {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.clock.now)}, loop)
+                          allow_shell=c.allow_shell, lease=c.lease, alert_webhook=c.alert_webhook,
+                          max_clock_skew=c.max_clock_skew),
+            {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.cluster_time.now)}, loop,
+            cluster_time=self.cluster_time)
         self.runtime = runtime
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
@@ -156,7 +166,7 @@ class Agent:
         service = runtime.start(node, Bridge(node, loop, runtime.relay), observer=self.metrics)
         self.metrics.worker = runtime.worker
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=runtime.live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics)
+                         live=runtime.trusted_live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics)
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
         await self._runner.setup()

@@ -6,7 +6,8 @@ an alert and died before committing that it did: the next leader posts it
 again, with the same ``X-Raftcron-Alert-Id`` header so a receiver can drop it.
 
 Payload (JSON, POST to the job's ``alerts.webhook`` or the agent's
-``--alert-webhook``)::
+``--alert-webhook``; a cluster-level alert, ``job`` null, always to the
+latter)::
 
     {"alert_id", "event", "job", "run_id", "slot", "status", "error", "attempt",
      "node", "idempotency_key", "link", "at", "details": {...}}
@@ -40,10 +41,17 @@ def payload(alert: dict[str, Any], link_base: str | None) -> dict[str, Any]:
         "slot": format_instant(slot) if slot else None, "status": alert["run_status"], "error": alert["error"],
         "attempt": alert["attempt"], "node": alert["node"],
         "idempotency_key": f"{alert['job']}@{format_instant(slot)}" if slot else None,
-        "link": (f"{link_base}/ui/#/runs/{alert['run_id']}" if alert["run_id"] else f"{link_base}/ui/#/jobs/{alert['job']}")
-        if link_base else None,
+        "link": _link(alert, link_base),
         "at": format_instant(from_us(alert["created_us"])), "details": dict(alert.get("extra") or {}),
     }
+
+
+def _link(alert: dict[str, Any], base: str | None) -> str | None:
+    if not base:
+        return None
+    if alert["run_id"]:
+        return f"{base}/ui/#/runs/{alert['run_id']}"
+    return f"{base}/ui/#/jobs/{alert['job']}" if alert["job"] is not None else f"{base}/ui/#/cluster"
 
 
 class AlertSender:
@@ -77,7 +85,7 @@ class AlertSender:
                                             results=tuple(results)))
 
     async def _deliver(self, session: aiohttp.ClientSession, alert: dict[str, Any]) -> dict[str, Any]:
-        job = self.svc.state.job(alert["job"])
+        job = self.svc.state.job(alert["job"]) if alert["job"] is not None else None
         url = (job.alerts.webhook if job is not None else None) or self.default_webhook
         if not url:
             return {"id": alert["id"], "ok": False, "skip": True, "error": "no webhook configured"}
@@ -90,7 +98,8 @@ class AlertSender:
                 error = None if ok else f"webhook answered {resp.status}"
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             ok, error = False, f"webhook unreachable: {type(exc).__name__}: {exc}"
-        log.info("alert %s (%s of %s) to %s: %s", alert["id"], alert["event"], alert["job"], url, "delivered" if ok else error)
+        log.info("alert %s (%s of %s) to %s: %s", alert["id"], alert["event"], alert["job"] or f"node {alert['node']}",
+                 url, "delivered" if ok else error)
         if self.on_delivery is not None:
             self.on_delivery("delivered" if ok else "failed")
         return {"id": alert["id"], "ok": ok, "error": error}

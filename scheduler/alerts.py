@@ -18,6 +18,13 @@ One alert per state change, not one per run:
 - ``duplicate``: a slot's attempt started although an earlier attempt of the
   same slot had started too (it was lost, maybe while still running), so the
   side effect may have happened twice.
+
+Cluster-level alerts belong to no job (``job`` is None) and go to the agent's
+default webhook, whatever any job asks for:
+
+- ``clock_skew``: a node's clock went beyond ``--max-clock-skew`` from the
+  leader's (or the leader's from a majority of its followers');
+- ``clock_skew_recovered``: it came back within.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from .sections import AlertEvent
 if TYPE_CHECKING:
     from .state import State
 
-__all__ = ["raise_alert", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
+__all__ = ["raise_alert", "raise_cluster_alert", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
 
 MAX_KEPT = 1000  # delivered or given-up alerts kept; pending ones are never dropped
 MAX_ATTEMPTS = 8
@@ -51,6 +58,19 @@ def raise_alert(state: State, event: AlertEvent, run: dict[str, Any] | None, job
         "slot_us": run["slot_us"] if run else extra.get("first_us"), "run_status": run["status"] if run else None,
         "error": (run or {}).get("error") or extra.get("error"), "attempt": run["attempt"] if run else None,
         "node": run["node"] if run else None, "created_us": at_us, "status": "pending", "attempts": 0,
+        "next_us": at_us, "last_error": None, "delivered_us": None, "extra": extra,
+    }
+    _trim(state)
+
+
+def raise_cluster_alert(state: State, event: str, at_us: int, *, node: str, error: str | None = None,
+                        **extra: Any) -> None:
+    """An alert about the cluster rather than a job: no job, run or slot; ``node`` is the one concerned."""
+    state.alert_seq += 1
+    aid = f"a{state.alert_seq:x}"
+    state.alerts[aid] = {
+        "id": aid, "event": event, "job": None, "run_id": None, "slot_us": None, "run_status": None,
+        "error": error, "attempt": None, "node": node, "created_us": at_us, "status": "pending", "attempts": 0,
         "next_us": at_us, "last_error": None, "delivered_us": None, "extra": extra,
     }
     _trim(state)

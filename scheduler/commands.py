@@ -18,7 +18,7 @@ from raftlog.codec import CodecError, decode, encode
 __all__ = [
     "Command", "RegisterNode", "PutJob", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
     "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
-    "ReportLost", "Noop", "Rejected", "AlertResults", "COMMANDS", "encode_command", "decode_command",
+    "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "COMMANDS", "encode_command", "decode_command",
 ]
 
 
@@ -178,6 +178,24 @@ class AlertResults(Command):
     results: tuple[dict[str, Any], ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeClock(Command):
+    """The leader's judgement of one node's clock changed (``scheduler.skew.ClockGuard``).
+
+    ``offset_us``: that node's wall clock minus the leader's (for the leader itself: its
+    wall minus the median of its followers'); None when the leader holds no estimate.
+    """
+
+    TAG: ClassVar[str] = "node_clock"
+    node: str
+    offset_us: int | None
+    error_us: int | None
+    skewed: bool
+    leader: str
+    term: int
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A command apply refused: the same value on every replica, never an exception."""
@@ -190,7 +208,7 @@ COMMANDS: dict[str, type[Command]] = {
     c.TAG: c
     for c in (
         Noop, RegisterNode, PutJob, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
-        FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults,
+        FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults, NodeClock,
     )
 }
 

@@ -31,7 +31,7 @@ from raftlog import ApplyContext
 from raftlog.bridge import Relay
 
 from .alert_sender import AlertSender
-from .base import Committer, Observer, RaftPort, RoleChange, observed_role
+from .base import ClockEstimate, Committer, Observer, RaftPort, RoleChange, observed_role
 from .clock import Clock
 from .commands import RegisterNode
 from .errors import RaftcronError
@@ -39,6 +39,7 @@ from .executors.base import Executor
 from .leader import LeaderConfig, LeaderLoop
 from .planner import PlanConfig, us
 from .service import Service
+from .skew import ClusterTime, SkewWatch, trusted
 from .state import Applied, State
 from .worker import Worker
 
@@ -56,6 +57,7 @@ class RuntimeConfig:
     allow_shell: bool = False
     lease: float = 5.0
     alert_webhook: str | None = None
+    max_clock_skew: float = 0.5  # seconds; a node further from the leader's clock gets no attempts
     leader: LeaderConfig | None = None  # None: derived from the lease (see leader_config)
     restart_first: float = 0.1
     restart_max: float = 5.0
@@ -73,7 +75,9 @@ class SchedulerRuntime:
     """Build with the loop, hand ``applied_from_raft`` to the raft node, then ``start(port, committer)``."""
 
     def __init__(self, state: State, clock: Clock, cfg: RuntimeConfig, executors: Mapping[str, Executor],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, cluster_time: ClusterTime | None = None) -> None:
+        """``cluster_time``: the reading of the leader's clock the executors were given, if they
+        were built first; by default one over the node this runtime is started with."""
         self.state = state
         self.clock = clock
         self.cfg = cfg
@@ -81,6 +85,9 @@ class SchedulerRuntime:
         # One queue for applied entries, role changes and settled submits: they reach the
         # loop in the order the raft thread produced them.
         self.relay = Relay(loop)
+        # The cluster's time: this node's wall clock plus its estimated offset to the leader's.
+        # Executors and the worker read it, so every instant reported is by the leader's clock.
+        self.cluster_time = cluster_time or ClusterTime(clock, self._offset_to_leader)
         self.service: Service | None = None
         self.worker: Worker | None = None
         self.leader: LeaderLoop | None = None
@@ -96,6 +103,9 @@ class SchedulerRuntime:
         """``RaftNode(on_applied=...)``: runs on the raft thread."""
         if isinstance(result, Applied):
             self.relay.post(self._dispatch, result, ctx.replay)
+
+    def _offset_to_leader(self) -> ClockEstimate | None:
+        return self.service.node.clock_offset_to_leader() if self.service is not None else None
 
     def role_from_raft(self, change: RoleChange) -> None:
         """``RaftNode(on_role=...)``: runs on the raft thread."""
@@ -115,7 +125,8 @@ class SchedulerRuntime:
         """Wire the node in and start the worker; leadership then follows ``on_role``."""
         self.service = service = Service(self.state, port, committer, self.clock, self.cfg.node_id)
         self.observer = observer
-        self.worker = worker = Worker(service, self.clock, self.executors, lease=self.cfg.lease)
+        self.worker = worker = Worker(service, self.clock, self.executors, lease=self.cfg.lease,
+                                      max_skew=self.cfg.max_clock_skew, cluster=self.cluster_time)
         if observer is not None:
             worker.on_start, worker.on_finish = observer.run_started, observer.run_finished
         worker.start()
@@ -140,6 +151,10 @@ class SchedulerRuntime:
     def leading(self) -> bool:
         """A leader loop (or its restart) is in charge on this node now."""
         return self._lead_task is not None and not self._lead_task.done()
+
+    def trusted_live(self) -> set[str]:
+        """``live`` less the nodes whose clock the cluster recorded as skewed (API picks)."""
+        return trusted(self.live(), self.state.clocks)
 
     def live(self) -> set[str]:
         """Node ids this node can reach now (itself included), by raft connectivity."""
@@ -175,17 +190,21 @@ class SchedulerRuntime:
         """Everything only the leader does in ``term``; cancelled as one when leadership goes."""
         sender = AlertSender(service, self.clock, self.cfg.alert_webhook, lambda: f"http://{self.cfg.http_addr}",
                              on_delivery=self.observer.alert_delivered if self.observer is not None else None)
-        sender_task = asyncio.get_running_loop().create_task(sender.run(), name="alert-sender")
+        # One clock judge per leadership: skewed members leave the planner's live set.
+        skew = SkewWatch(service, self.clock, self.live, self.cfg.max_clock_skew)
+        loop = asyncio.get_running_loop()
+        side = [loop.create_task(sender.run(), name="alert-sender"), loop.create_task(skew.run(), name="clock-skew")]
         try:
-            await self._supervise(service, term)
+            await self._supervise(service, term, skew)
         finally:
-            sender_task.cancel()
-            await asyncio.gather(sender_task, return_exceptions=True)
+            for task in side:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
 
-    async def _supervise(self, service: Service, term: int) -> None:
+    async def _supervise(self, service: Service, term: int, skew: SkewWatch) -> None:
         backoff = self.cfg.restart_first
         while service.node.is_leader() and service.node.status().term == term:
-            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), self.live)
+            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), skew.live)
             began = self.clock.monotonic()
             try:
                 # The loop decides when this leadership is over (it ends on a new term too).

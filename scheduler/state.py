@@ -32,6 +32,7 @@ from .commands import (
     DeleteJob,
     ExpireRuns,
     FinishRuns,
+    NodeClock,
     Noop,
     PauseJob,
     PutJob,
@@ -73,6 +74,7 @@ class State:
         self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
         self.alerts: dict[str, dict[str, Any]] = {}
         self.alert_seq = 0
+        self.clocks: dict[str, dict[str, Any]] = {}  # node id -> its clock as the leader last judged it (NodeClock)
         self.applied_index = 0
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
@@ -155,6 +157,8 @@ class State:
                 return ledger.delete_dead(self, cmd)
             case AlertResults():
                 return self._alert_results(cmd)
+            case NodeClock():
+                return self._node_clock(cmd)
         return Rejected("invalid", f"no transition for {cmd.TAG!r}")
 
     # ---- jobs ----------------------------------------------------------------
@@ -269,6 +273,25 @@ class State:
             done.append(new)
         return {"alerts": done}
 
+    def _node_clock(self, cmd: NodeClock) -> Any:
+        prev = self.clocks.get(cmd.node)
+        was = prev is not None and bool(prev["skewed"])
+        changed = was != cmd.skewed
+        self.clocks[cmd.node] = {
+            "node": cmd.node, "offset_us": cmd.offset_us, "error_us": cmd.error_us, "skewed": cmd.skewed,
+            "leader": cmd.leader, "term": cmd.term, "reason": cmd.reason,
+            "since_us": cmd.at_us if changed or prev is None else prev["since_us"],
+        }
+        if changed:
+            # One alert per change, whoever proposed it: a repeated entry (a retry, a new
+            # leader judging afresh) finds the status recorded already and raises none.
+            alerts.raise_cluster_alert(self, "clock_skew" if cmd.skewed else "clock_skew_recovered", cmd.at_us,
+                                       node=cmd.node, error=cmd.reason if cmd.skewed else None,
+                                       offset_ms=None if cmd.offset_us is None else cmd.offset_us / 1000,
+                                       error_ms=None if cmd.error_us is None else cmd.error_us / 1000,
+                                       leader=cmd.leader, reason=cmd.reason)
+        return {"node": cmd.node, "skewed": cmd.skewed, "changed": changed}
+
     def note(self, job: str, entry: dict[str, Any]) -> None:
         notes = self.notes.setdefault(job, [])
         notes.append(entry)
@@ -291,6 +314,7 @@ class State:
             ("pending_deps", list(self.pending_deps.items())),
             ("notes", [(k, list(v)) for k, v in self.notes.items()]),
             ("alerts", list(self.alerts.items())),
+            ("clocks", list(self.clocks.items())),
         ]
         return _pack_sections(sections)
 
@@ -319,6 +343,7 @@ class State:
         self.notes = {k: list(v) for k, v in sections.get("notes", [])}
         self.alerts = dict(sections.get("alerts", []))
         self.alert_seq = int(meta.get("alert_seq", 0))
+        self.clocks = dict(sections.get("clocks", []))  # absent from snapshots older than the section
 
 
 def _pack_sections(sections: list[tuple[str, list[Any]]]) -> Iterator[bytes]:
@@ -338,4 +363,4 @@ def _unpack_sections(data: bytes) -> Iterator[tuple[str, list[Any]]]:
         raise CodecError(f"state snapshot is corrupt: {exc}") from exc
 
 
-_PAIRS = {"jobs", "nodes", "runs", "job_runs", "pending_deps", "notes", "alerts"}
+_PAIRS = {"jobs", "nodes", "runs", "job_runs", "pending_deps", "notes", "alerts", "clocks"}

@@ -2,8 +2,10 @@
 
 The log is the dispatch bus: a ``ClaimSlots`` entry naming this node, applied
 while this process is live, is a dispatch. The worker fires it at the slot
-instant by its own clock (claims come ahead of time), checking its applied
-state at that instant (a pause, edit or delete may have cancelled it). It
+instant by the cluster's clock, the leader's, translated through this node's
+estimate of it (claims come ahead of time; see ``scheduler.skew``), checking
+its applied state at that instant (a pause, edit or delete may have cancelled
+it). Every time it reports is in the cluster's time too. It
 then reports, in batches, ``StartRuns`` (taking a lease; skipped for an
 attempt that finished before its start was sent), ``RenewLeases`` and
 ``FinishRuns``; a result is kept and resubmitted until its commit is
@@ -21,6 +23,8 @@ import functools
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from raftlog import ClockEstimate
 
 from .clock import Clock
 from .commands import (
@@ -40,21 +44,28 @@ from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
 from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us, from_us, us
 from .service import Service
+from .skew import ClusterTime, leader_lead_us, not_before_local_us
 from .state import Applied
 
 __all__ = ["Worker"]
 
 log = logging.getLogger("raftcron.worker")
 BATCH = 300  # results per FinishRuns entry
+ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
 
 
 class Worker:
     def __init__(self, service: Service, clock: Clock, executors: dict[str, Executor], *,
-                 lease: float = 5.0, flush_interval: float = 0.02) -> None:
+                 lease: float = 5.0, flush_interval: float = 0.02, max_skew: float = 0.5,
+                 cluster: ClusterTime | None = None) -> None:
         self.svc = service
         self.state = service.state
         self.me = service.node_id
         self.clock = clock
+        # The executors take their ``now`` from the same ClusterTime (the agent builds one for both).
+        self.cluster = cluster if cluster is not None else ClusterTime(clock, service.node.clock_offset_to_leader)
+        self.max_skew = max_skew
+        self.skewed = False  # this node's own clock beyond max_skew from the leader's (see _clock_ok)
         self.executors = executors
         self.lease = lease
         self.flush_interval = flush_interval
@@ -66,7 +77,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
-        self.declined = 0  # claimed attempts not started: no leader contact (see _fire)
+        self.declined = 0  # claimed attempts not started: no leader contact or no trusted clock (see _fire)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -128,9 +139,8 @@ class Worker:
 
     async def _fire(self, run: dict[str, Any]) -> None:
         rid = run["id"]
-        delay = (fire_at_us(run) - us(self.clock.now())) / 1e6
-        if delay > 0:
-            await self.clock.sleep(delay)
+        if not await self._reach_instant(run):
+            return
         current = self.state.runs.get(rid)
         job = self.state.job(run["job"])
         rec = self.state.jobs.get(run["job"])
@@ -153,7 +163,7 @@ class Worker:
             fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
             timeout=float(job.timeout),
         )
-        started = us(self.clock.now())
+        started = self.cluster.now_us()
         self._starts[rid] = started
         self._running.add(rid)
         self._kick.set()
@@ -171,7 +181,7 @@ class Worker:
             raise
         except Exception as exc:  # noqa: BLE001 - an executor bug is the attempt's failure, not the worker's
             log.exception("executor %s raised on run %s", kind, rid)
-            now = self.clock.now()
+            now = self.cluster.now()
             outcome = Outcome(status=OutcomeStatus.FAILED, started_at=from_us(started), finished_at=now, error=f"executor error: {exc}")
         self._running.discard(rid)
         self._results[rid] = _result(rid, outcome)
@@ -181,6 +191,75 @@ class Worker:
             log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
                      f" ({outcome.error})" if outcome.error else "")
         self._kick.set()
+
+    async def _reach_instant(self, run: dict[str, Any]) -> bool:
+        """Wait until the leader's clock has certainly reached the attempt's instant, with
+        this node's clock trusted; False (the attempt declined) if that did not come in time.
+
+        The sleep is on the monotonic clock, its length computed from the wall clock and
+        the newest estimate; after each wake the instant is computed again, since the
+        estimate may have moved meanwhile: the attempt never starts before its instant
+        by the newest estimate.
+
+        Without an estimate (no leader known, or a new one not sampled yet) nothing tells
+        when the instant is, and with this node's clock beyond ``max_skew`` it must not
+        start (see ``_clock_ok``). Rather than guess by this node's own clock (the early
+        firing this guards against), wait for that to change, but, once the instant is
+        past by the last estimate seen, no longer than the leader-contact rule in
+        ``_fire`` tolerates (half a lease): a new leader's first sample, or the record
+        of a leader's clock stepping ahead (see ``leader_lead_us``), arrives well within
+        that; past it the leader is about to count this node's attempts lost and retry
+        them elsewhere, so the attempt is declined, as for a node cut off from the leader.
+        """
+        due = fire_at_us(run)
+        waiting_since: float | None = None
+        while True:
+            est = self.cluster.estimate()
+            lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
+            basis = est or self.cluster.last
+            local_due = due if basis is None else not_before_local_us(due, basis)
+            # A leader that recorded its own clock ahead of most of its followers' (NodeClock on
+            # itself, see scheduler.skew.ClockGuard) holds the attempt back by that much too:
+            # the slot is due by neither clock before both have reached it.
+            local_due += lead + lead_error if lead > 0 else 0
+            delay = (local_due - us(self.clock.now())) / 1e6
+            if delay > 0:
+                await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
+                continue
+            if est is not None and self._clock_ok(est, lead):
+                return True
+            now = self.clock.monotonic()
+            if waiting_since is None:
+                waiting_since = now
+            elif now - waiting_since > self.lease / 2:
+                self.declined += 1
+                why = "no estimate of the leader's clock" if est is None else "this node's clock skewed"
+                log.warning("not starting %s attempt %d of slot %s (run %s): %s for %.1fs; the leader will count "
+                            "it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(), run["id"],
+                            why, now - waiting_since)
+                return False
+            await self.clock.sleep(ESTIMATE_POLL)
+
+    def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
+        """Whether this node's clock is near enough the cluster's to start an attempt.
+
+        The leader gives a skewed node no new attempts; this covers the ones claimed before
+        it noticed, and a leader that cannot judge this node (it sees no estimate). Judged
+        against the leader's clock, or against its followers' median when the leader
+        recorded its own clock as the far one (then this node, if it is that leader, is the
+        skewed one). Logged once per change, not per attempt.
+        """
+        offset = est.offset - lead_us / 1e6
+        skewed = abs(offset) > self.max_skew
+        if skewed != self.skewed:
+            self.skewed = skewed
+            if skewed:
+                log.warning("this node's clock is %+.3fs (±%.3fs) from the cluster's, beyond --max-clock-skew "
+                            "%gs: starting no attempts until it is back within", offset, est.error, self.max_skew)
+            else:
+                log.warning("this node's clock is back within --max-clock-skew %gs of the cluster's: "
+                            "starting attempts again", self.max_skew)
+        return not skewed
 
     # ---- batched reports -------------------------------------------------------------
 
@@ -221,8 +300,8 @@ class Worker:
         if not self._starts:
             return
         batch = dict(list(self._starts.items())[:BATCH])
-        lease_until = us(self.clock.now()) + int(self.lease * 1e6)
-        await self.svc.propose(StartRuns(at_us=us(self.clock.now()), node=self.me, runs=tuple(batch),
+        lease_until = self.cluster.now_us() + int(self.lease * 1e6)
+        await self.svc.propose(StartRuns(at_us=self.cluster.now_us(), node=self.me, runs=tuple(batch),
                                          started_us=batch, lease_until_us=lease_until), attempts=1)
         for rid in batch:
             self._starts.pop(rid, None)
@@ -230,7 +309,7 @@ class Worker:
     async def _flush_results(self) -> None:
         while self._results:
             batch = list(self._results.items())[:BATCH]
-            await self.svc.propose(FinishRuns(at_us=us(self.clock.now()), node=self.me,
+            await self.svc.propose(FinishRuns(at_us=self.cluster.now_us(), node=self.me,
                                               results=tuple(r for _, r in batch)), attempts=1)
             for rid, _ in batch:
                 self._results.pop(rid, None)
@@ -238,8 +317,8 @@ class Worker:
     async def _renew(self) -> None:
         running = tuple(r for r in self._running if r not in self._starts)
         if running:
-            until = us(self.clock.now()) + int(self.lease * 1e6)
-            await self.svc.propose(RenewLeases(at_us=us(self.clock.now()), node=self.me, runs=running,
+            until = self.cluster.now_us() + int(self.lease * 1e6)
+            await self.svc.propose(RenewLeases(at_us=self.cluster.now_us(), node=self.me, runs=running,
                                                lease_until_us=until), attempts=1, timeout=self.lease / 3)
 
     # ---- after a restart ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from scheduler.commands import (
     DeleteJob,
     ExpireRuns,
     FinishRuns,
+    NodeClock,
     Noop,
     PauseJob,
     PutJob,
@@ -72,6 +73,8 @@ SAMPLES: dict[str, Command] = {
     "alert_results": AlertResults(at_us=T0, leader="n1", results=(
         {"id": "a1", "ok": True, "error": None}, {"id": "a2", "ok": False, "error": "HTTP 500"},
     )),
+    "node_clock": NodeClock(at_us=T0, node="n2", offset_us=3_000_000, error_us=1_500, skewed=True, leader="n1",
+                            term=7, reason="its clock is +3.000s from the leader's"),
 }
 
 
@@ -103,6 +106,7 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
         "expire_runs": dict(leader="n", term=1, runs=()), "report_lost": dict(node="n", runs=()),
         "cancel_run": dict(run_id="r"), "delete_dead_letter": dict(run_id="r"),
         "alert_results": dict(leader="n", results=()),
+        "node_clock": dict(node="n", offset_us=None, error_us=None, skewed=False, leader="n", term=1),
     }.get(tag, {})
     cmd = cls(at_us=0, **required)  # type: ignore[arg-type]
     assert decode_command(encode_command(cmd)) == cmd
