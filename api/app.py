@@ -17,7 +17,7 @@ from aiohttp import web
 
 from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthorized, Unavailable
 
-from .context import CTX, ApiContext
+from .context import CTX, ApiContext, as_reader
 from .routes import cluster, jobs, metrics, runs, ui
 from .routing import Route, openapi, parse_params
 from .schemas import COMPONENTS
@@ -87,7 +87,8 @@ def _auth_middleware(ctx: ApiContext) -> Any:
             return await handler(request)
         if tokens.read is not None and hmac.compare_digest(given, tokens.read):
             if request.method in ("GET", "HEAD"):
-                return await handler(request)
+                with as_reader():
+                    return await handler(request)
             raise Forbidden("the read-only token may not change anything")
         raise Unauthorized("the token is not valid for this cluster")
 

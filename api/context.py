@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -13,13 +15,13 @@ from scheduler.state import State
 
 from .metrics import Metrics
 
-__all__ = ["ApiContext", "Tokens"]
+__all__ = ["ApiContext", "Tokens", "as_reader", "reads_only"]
 
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
     write: str | None = None  # --api-token: everything
-    read: str | None = None  # --api-read-token: GET only
+    read: str | None = None  # --api-read-token: GET only, job secrets masked
 
 
 @dataclass(slots=True, kw_only=True)
@@ -46,3 +48,26 @@ class ApiContext:
 
 CTX = web.AppKey("ctx", ApiContext)
 """Where the application keeps its ApiContext."""
+
+
+# Who the request being served is. A context variable rather than request storage: aiohttp
+# before 3.14 has no typed request key, and a string key warns. aiohttp serves each request
+# in its own task, and the auth middleware resets the value when the request is done.
+_READS_ONLY: ContextVar[bool] = ContextVar("raftcron_reads_only", default=False)
+
+
+@contextmanager
+def as_reader() -> Iterator[None]:
+    """Serve what runs inside as for a read-only caller (the auth middleware, on the read token)."""
+    token = _READS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READS_ONLY.reset(token)
+
+
+def reads_only() -> bool:
+    """True while serving a caller authenticated by the read-only token: job secrets in its
+    answers are masked (scheduler/redaction.py). Writers, and everyone on a cluster with no
+    tokens at all, see them."""
+    return _READS_ONLY.get()

@@ -8,6 +8,7 @@ from typing import Any
 from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
 from scheduler.planner import upcoming
+from scheduler.redaction import mask_spec
 from scheduler.state import State
 
 __all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
@@ -49,14 +50,15 @@ def next_slots(state: State, name: str, now_us: int, count: int = 5) -> list[dat
     return upcoming(job, rec["created_us"], max(now_us, rec["last_slot_us"] or rec["created_us"]), count)
 
 
-def job_view(state: State, name: str, now_us: int) -> dict[str, Any] | None:
+def job_view(state: State, name: str, now_us: int, *, masked: bool = False) -> dict[str, Any] | None:
+    """``masked``: for a read-only caller, job secrets replaced by ``***`` (scheduler/redaction.py)."""
     rec = state.jobs.get(name)
     if rec is None:
         return None
     ids = state.job_runs.get(name) or []
     last = state.runs.get(ids[-1]) if ids else None
     return {
-        "name": name, "spec": rec["spec"], "version": rec["version"],
+        "name": name, "spec": mask_spec(rec["spec"]) if masked else rec["spec"], "version": rec["version"],
         "created_at": iso(rec["created_us"]), "updated_at": iso(rec["updated_us"]),
         "status": {
             "paused": bool(rec["spec"].get("paused")), "pause_note": rec.get("pause_note"),

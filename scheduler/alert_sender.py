@@ -27,6 +27,7 @@ from .commands import AlertResults
 from .duration import format_instant
 from .errors import RaftcronError
 from .planner import from_us, us
+from .redaction import scrub_urls, shown_webhook
 from .service import Service
 
 __all__ = ["AlertSender", "payload"]
@@ -97,9 +98,10 @@ class AlertSender:
                 ok = 200 <= resp.status < 300
                 error = None if ok else f"webhook answered {resp.status}"
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            ok, error = False, f"webhook unreachable: {type(exc).__name__}: {exc}"
+            # The exception may quote the hook's URL, whose path is the secret of Slack-style hooks.
+            ok, error = False, scrub_urls(f"webhook unreachable: {type(exc).__name__}: {exc}", shown_webhook)
         log.info("alert %s (%s of %s) to %s: %s", alert["id"], alert["event"], alert["job"] or f"node {alert['node']}",
-                 url, "delivered" if ok else error)
+                 shown_webhook(url), "delivered" if ok else error)
         if self.on_delivery is not None:
             self.on_delivery("delivered" if ok else "failed")
         return {"id": alert["id"], "ok": ok, "error": error}

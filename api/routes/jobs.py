@@ -9,8 +9,10 @@ from aiohttp import web
 from scheduler.errors import NotFound, ValidationFailed
 from scheduler.model import parse_job
 from scheduler.planner import us
+from scheduler.redaction import unmask_doc
 from scheduler.runs import RUN_STATUSES
 
+from ..context import ApiContext, reads_only
 from ..routing import Param, Route
 from ..views import explain_view, job_view
 from .common import ctx_of, cursor, ok, page, read_json, require_job, runs_page
@@ -49,18 +51,29 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
         if len(items) > (args.get("limit") or 100):
             break
     result = page(items, lambda n: n, args)
-    result["items"] = [v for n in result["items"] if (v := job_view(ctx.state, n, now)) is not None]
+    masked = reads_only()
+    result["items"] = [v for n in result["items"] if (v := job_view(ctx.state, n, now, masked=masked)) is not None]
     return ok(result)
 
 
 async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, create_only: bool) -> web.Response:
     ctx = ctx_of(request)
-    doc = await read_json(request)
+    doc = _keep_secrets(ctx, await read_json(request), name)
     job = parse_job(doc, name=name)
     result = await ctx.service.put_job(job, create_only=create_only)
     view = job_view(ctx.state, job.name, ctx.service.now_us()) or {"name": job.name}
     view["change"] = result["change"]
     return ok(view, 201 if result["change"] == "created" else 200)
+
+
+def _keep_secrets(ctx: ApiContext, doc: Any, name: str | None) -> Any:
+    """A document as a read-only caller is shown it, applied back by a writer, stores the
+    secrets it masked rather than ``***``."""
+    if not isinstance(doc, dict):
+        return doc
+    target = name if name is not None else doc.get("name")
+    rec = ctx.state.jobs.get(target) if isinstance(target, str) else None
+    return unmask_doc(doc, rec["spec"] if rec is not None else None)
 
 
 async def _create(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -73,7 +86,7 @@ async def _replace(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 async def _get(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
-    view = job_view(ctx.state, args["name"], ctx.service.now_us())
+    view = job_view(ctx.state, args["name"], ctx.service.now_us(), masked=reads_only())
     if view is None:
         raise NotFound(f"no job named {args['name']!r}")
     return ok(view)

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
+from ..redaction import mask_url, scrub_urls
 from .base import Attempt, Outcome, OutcomeStatus, identity
 from .shell import OutputTail
 
@@ -97,7 +97,8 @@ class HttpExecutor:
             error = f"timed out after {attempt.timeout:g}s"
             return self._outcome(started, OutcomeStatus.TIMED_OUT, response, error=error)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            error = _describe(exc, spec["url"])
+            # An aiohttp message may quote the URL (or a redirect's) whole: scrub every URL in it.
+            error = scrub_urls(_describe(exc, spec["url"]))
             return self._outcome(started, OutcomeStatus.FAILED, response, error=error)
         verdict = _judge(response, spec.get("expect_status") or [], pattern)
         status = OutcomeStatus.FAILED if verdict else OutcomeStatus.SUCCEEDED
@@ -207,9 +208,6 @@ def _describe(exc: BaseException, url: str) -> str:
 
 
 def _display(url: str) -> str:
-    # An error message ends up in the run ledger: keep passwords in URLs out of it.
-    try:
-        parsed = URL(url)
-    except (TypeError, ValueError):
-        return url
-    return str(parsed.with_password(None)) if parsed.password else url
+    # An error message ends up in the run ledger, which read-only callers see, and in the
+    # worker's log: user info and query strings (``?api_key=``) stay out of both.
+    return mask_url(url)
