@@ -246,6 +246,14 @@ async def test_error_does_not_leak_url_password(executor: HttpExecutor) -> None:
     assert outcome.error is not None and "hunter2" not in outcome.error
 
 
+async def test_error_keeps_query_strings_and_user_info_out(executor: HttpExecutor) -> None:
+    # Run errors land in the ledger (read-only callers see them) and in the worker's log.
+    port = closed_port()
+    outcome = await executor.run(attempt(f"http://ops@127.0.0.1:{port}/hook?api_key=K3Y#frag"))
+    assert outcome.status is OutcomeStatus.FAILED
+    assert outcome.error == f"connection refused: http://***@127.0.0.1:{port}/hook?***#***"
+
+
 async def test_large_body_keeps_the_tail(hook: Hook, executor: HttpExecutor) -> None:
     outcome = await executor.run(attempt(hook.url("/big"), method="GET", expect_body="^0123"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
