@@ -151,16 +151,18 @@ async def _explain(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 
 ROUTES = [
-    Route("GET", "/v1/jobs", _list, "List jobs",
+    Route("GET", "/v1/jobs", _list, "List jobs (secrets read *** with the read-only token)",
           params=(Param("label", type="label", description="k=v; repeat to AND several"),
                   Param("q", description="substring of name or description"),
                   Param("status", type="enum", enum=("active", "paused", "failing")), LIMIT, CURSOR),
           responses={200: "JobList"}),
     Route("POST", "/v1/jobs", _create, "Create a job (409 if the name exists)", body="JobDocument",
           responses={201: "Job", 409: "Error"}, write=True),
-    Route("PUT", "/v1/jobs/{name}", _replace, "Create or replace a job", params=(NAME,), body="JobDocument",
+    Route("PUT", "/v1/jobs/{name}", _replace, "Create or replace a job (a *** where the read-only token was shown "
+          "a secret keeps the stored value)", params=(NAME,), body="JobDocument",
           responses={200: "Job", 201: "Job"}, write=True),
-    Route("GET", "/v1/jobs/{name}", _get, "A job, with last run, next slots, consecutive failures",
+    Route("GET", "/v1/jobs/{name}", _get, "A job, with last run, next slots, consecutive failures "
+          "(secrets read *** with the read-only token)",
           params=(NAME,), responses={200: "Job", 404: "Error"}),
     Route("DELETE", "/v1/jobs/{name}", _delete, "Delete a job and its history", params=(NAME,),
           responses={200: "Object", 404: "Error"}, write=True),
