@@ -32,8 +32,10 @@ MASK = "***"
 
 # RFC 3986 appendix B; every group optional, so it matches any string.
 _URI = re.compile(r"^(?:([^:/?#]+):)?(?://([^/?#]*))?([^?#]*)(?:\?([^#]*))?(?:#(.*))?$", re.DOTALL)
-# A URL inside free text: it ends at whitespace or at a quote or bracket that encloses it.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
+# A URL inside free text: it ends at whitespace, a quote or an angle bracket. Brackets stay
+# inside (an IPv6 host is one); punctuation closing the sentence is given back by _TRAILING.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_TRAILING = re.compile(r"[.,;:!)\]}]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,13 @@ def shown_webhook(url: str) -> str:
 
 def scrub_urls(text: str, shown: Callable[[str], str] = mask_url) -> str:
     """``text`` with every URL in it replaced by ``shown(url)``."""
-    return _URL_IN_TEXT.sub(lambda m: shown(m.group(0)), text)
+    def one(m: re.Match[str]) -> str:
+        url = m.group(0)
+        tail = _TRAILING.search(url)
+        cut = tail.start() if tail is not None else len(url)
+        return shown(url[:cut]) + url[cut:]
+
+    return _URL_IN_TEXT.sub(one, text)
 
 
 def mask_spec(spec: Mapping[str, Any]) -> dict[str, Any]:

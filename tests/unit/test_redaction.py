@@ -60,6 +60,8 @@ def test_scrub_urls_masks_every_url_in_a_message() -> None:
                         "redirected to http://other.example/cb?*** then done")
     assert scrub_urls(f"POST {HOOK} failed", shown_webhook) == "POST https://hooks.example/*** failed"
     assert scrub_urls("no url here: host 10.0.0.1:80") == "no url here: host 10.0.0.1:80"
+    assert scrub_urls("to http://[::1]:80/x?k=v failed") == "to http://[::1]:80/x?*** failed"
+    assert scrub_urls("(see http://h.example/x?k=v).") == "(see http://h.example/x?***)."
 
 
 def test_mask_spec_masks_each_secret_and_leaves_the_stored_document_alone() -> None:
