@@ -50,8 +50,12 @@ class LeaderConfig:
 
 
 class LeaderLoop:
-    def __init__(self, service: Service, clock: Clock, cfg: LeaderConfig, live: Callable[[], set[str]]) -> None:
+    def __init__(self, service: Service, clock: Clock, cfg: LeaderConfig, live: Callable[[], set[str]],
+                 now_us: Callable[[], int | None] | None = None) -> None:
+        """``now_us``: the instant to plan by (``SkewWatch.planning_now_us``), None while it is not
+        known yet; nothing is planned then. Default: this node's wall clock."""
         self.svc = service
+        self._plan_now = now_us or service.now_us
         self.state = service.state
         self.clock = clock
         self.cfg = cfg
@@ -117,13 +121,17 @@ class LeaderLoop:
 
     async def _sleep(self) -> None:
         wait = self.cfg.tick
-        if self._heap:
-            wait = min(wait, max(0.0, (self._heap[0][0] - self.svc.now_us()) / 1e6))
+        now = self._plan_now()
+        if self._heap and now is not None:
+            wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1e6))
         self._wake.clear()
         await self.clock.wait_for(self._wake, wait)
 
     async def _tick(self, led_since: float) -> None:
-        now = self.svc.now_us()
+        planned_now = self._plan_now()
+        if planned_now is None:
+            return  # the clocks are not judged yet: a leader with a far clock must not plan by it
+        now = planned_now
         mono = self.clock.monotonic()
         names = set(self._dirty)
         self._dirty.clear()

@@ -204,7 +204,7 @@ class SchedulerRuntime:
     async def _supervise(self, service: Service, term: int, skew: SkewWatch) -> None:
         backoff = self.cfg.restart_first
         while service.node.is_leader() and service.node.status().term == term:
-            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), skew.live)
+            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), skew.live, skew.planning_now_us)
             began = self.clock.monotonic()
             try:
                 # The loop decides when this leadership is over (it ends on a new term too).

@@ -265,6 +265,7 @@ class SkewWatch:
         self.unmeasured_grace = unmeasured_grace
         self.settle = settle
         self._guard: ClockGuard | None = None
+        self._verdict: SkewVerdict | None = None
         self._skewed: frozenset[str] = frozenset()
         self._pending: dict[str, ClockStatus] = {}
 
@@ -273,6 +274,24 @@ class SkewWatch:
         is left out the moment the guard finds it skewed, and taken back only once its
         recovery is recorded (``trusted``): a clock seen good for a moment is not yet trusted."""
         return trusted(self._live(), self.state.clocks) - self._skewed
+
+    def planning_now_us(self) -> int | None:
+        """The instant the leader plans by: its wall clock, or, when its own clock is the far
+        one, its wall clock less its recorded lead over its followers' median. None until
+        this leadership has judged the clocks (and, when skewed, committed its own record, by
+        which workers hold attempts back): a node elected with a clock 30 s ahead must not
+        record the next 30 s of slots as late, nor one 3 s behind claim every slot 3 s late."""
+        verdict = self._verdict
+        if verdict is None:
+            return None
+        now = self.svc.now_us()
+        own = verdict.leader
+        if own is None or not own.skewed:
+            return now
+        rec = self.state.clocks.get(self.svc.node_id)
+        if rec is None or not rec["skewed"] or rec["leader"] != self.svc.node_id or rec["offset_us"] is None:
+            return None
+        return now - int(rec["offset_us"])
 
     async def run(self) -> None:
         node = self.svc.node
@@ -298,6 +317,7 @@ class SkewWatch:
         verdict = self._guard.check(self.svc.node.member_clocks(), members, self._live(), leader,
                                     self.clock.monotonic())
         self._skewed = verdict.skewed
+        self._verdict = verdict
         own, rec = verdict.leader, self.state.clocks.get(self.svc.node_id)
         if own is not None and own.skewed and own not in verdict.changed and rec is not None and (
                 rec["leader"] != self.svc.node_id or abs((rec["offset_us"] or 0) - (own.offset_us or 0))

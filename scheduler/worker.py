@@ -218,10 +218,11 @@ class Worker:
             lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
             basis = est or self.cluster.last
             local_due = due if basis is None else not_before_local_us(due, basis)
-            # A leader that recorded its own clock ahead of most of its followers' (NodeClock on
-            # itself, see scheduler.skew.ClockGuard) holds the attempt back by that much too:
-            # the slot is due by neither clock before both have reached it.
-            local_due += lead + lead_error if lead > 0 else 0
+            # A leader that recorded its own clock far from most of its followers' (NodeClock on
+            # itself, see scheduler.skew.ClockGuard) plans by their median clock, and so do the
+            # workers: ahead, the attempt is held back by the lead; behind, it is not held for
+            # the slow clock (SkewWatch.planning_now_us).
+            local_due += lead + lead_error if lead else 0
             delay = (local_due - us(self.clock.now())) / 1e6
             if delay > 0:
                 await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))

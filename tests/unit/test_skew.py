@@ -587,3 +587,38 @@ async def test_a_leader_recorded_skewed_under_another_leader_records_its_own_lea
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("leader_ahead", [30.0, -3.0])
+async def test_a_leader_with_a_far_clock_plans_by_its_followers_median_and_not_before_judging(
+        leader_ahead: float) -> None:
+    """A node elected with its clock 30 s ahead must not take the next 30 s of slots for late
+    (skipped, or run as catch-up), nor one 3 s behind claim every slot 3 s late: it plans by
+    the median of its followers' clocks, once that is judged and its own record committed."""
+    clock, state, node, service = await _cluster()
+    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
+    assert watch.planning_now_us() is None, "nothing is planned before the clocks are judged"
+    node.clocks = {"mem:1": _est(0), "mem:2": _est(-leader_ahead), "mem:3": _est(-leader_ahead + 0.01)}
+    task = asyncio.create_task(watch.run())
+    try:
+        await _settle()
+        planned = watch.planning_now_us()
+        assert planned is not None
+        followers_now = us(clock.now()) - round(leader_ahead * 1e6)
+        assert abs(planned - followers_now) <= 10_000, "the followers' median, not the leader's own clock"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leader_in_line_with_its_followers_plans_by_its_own_clock() -> None:
+    clock, state, node, service = await _cluster()
+    node.clocks = {"mem:1": _est(0), "mem:2": _est(0.2), "mem:3": _est(-0.1)}
+    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
+    task = asyncio.create_task(watch.run())
+    try:
+        await _settle()
+        assert watch.planning_now_us() == us(clock.now())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
