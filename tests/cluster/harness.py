@@ -16,10 +16,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,7 +113,7 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout}s")
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout}s") from None
         return int(self.proc.returncode)
 
     def pause(self) -> None:
@@ -141,7 +142,7 @@ class Cluster:
     @classmethod
     def create(cls, tmp: Path, size: int = 3, *, secret: str = "cluster-test-secret",
                extra: list[str] | None = None, per_node: dict[int, list[str]] | None = None,
-               secrets: dict[int, str] | None = None) -> "Cluster":
+               secrets: dict[int, str] | None = None) -> Cluster:
         tmp.mkdir(parents=True, exist_ok=True)
         ports = free_ports(2 * size)
         raft, httpp = ports[:size], ports[size:]
@@ -158,7 +159,7 @@ class Cluster:
             nodes.append(Node(f"n{i + 1}", raft[i], httpp[i], data, tmp / f"n{i + 1}.log", args, env))
         return cls(nodes, secret, extra or [])
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         for n in self.nodes:
             n.start()
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ def assert_one_decision_per_slot(runs: list[dict[str, Any]], period: float = 1.0
     doubled = {s: n for s, n in per_slot.items() if n > 1}
     assert not doubled, f"slots decided more than once: {doubled}"
     slots = sorted(_ts(s) for s in per_slot)
-    gaps = [(a, b) for a, b in zip(slots, slots[1:]) if abs((b - a) - period) > 0.001]
+    gaps = [(a, b) for a, b in zip(slots, slots[1:], strict=False) if abs((b - a) - period) > 0.001]
     assert not gaps, f"slots missing between decided ones: {gaps[:5]}"
     return slots
 
@@ -54,7 +54,7 @@ def test_repeated_leader_kills_lose_and_double_no_slot(make_cluster, sink: Sink)
         c.leader(among=[n for n in c.nodes if n is not old], timeout=20)
         time.sleep(2.5)  # let the new leader schedule a few slots before the next kill
         old.start()
-        wait_for("restarted node serving", lambda: old.get("/v1/health"), 20)
+        wait_for("restarted node serving", lambda node=old: node.get("/v1/health"), 20)
     end = time.time() - 3  # slots after this may still be in flight
     wait_for("slots up to the end delivered", lambda: all(
         any(_ts(d.headers["X-Raftcron-Slot"]) >= end for d in sink.of(n)) for n in names), 20)
@@ -177,7 +177,7 @@ def test_cluster_stopped_past_the_window_catches_up_and_records_missed(make_clus
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def test_paused_follower_causes_no_second_claim(make_cluster, sink: Sink) -> None:  # type: ignore[no-untyped-def]
