@@ -6,7 +6,9 @@ Run them alone with ``python -m pytest tests/cluster/test_skew.py`` (about 3 min
 case starts three agents under libfaketime at offset 0, waits for a leader, then gives the
 node it picked by role (the leader, or a follower) its offset, so the roles are not left to
 the election. A reference case with no offset runs first, in the same module, on the same
-machine, and its lateness is the yardstick for the others.
+machine, and its lateness is the yardstick for the others. A run whose window saw an
+election is set aside and the case run once more (``RUNS``). Every case's figures are printed
+at the end of the session ("cluster figures"), set-aside runs included.
 
 The receiver stamps each request with the test's own clock (the real one) and the slot it
 names (``X-Raftcron-Slot``). Judged only by what it received and what the API says:
@@ -28,11 +30,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -58,6 +58,11 @@ DRAIN = 2.0
 # moves a reference p99 by up to a few hundred ms between runs. One second above the
 # reference separates the two without failing on noise.
 P99_MARGIN = 1.0
+# Runs of a case at most. An election during the window (load on the shared machine can stall
+# an agent past the 0.4-1 s election timeout) delays the slots due in the gap by seconds,
+# which says nothing about skew; such a run is printed, set aside and the case run once more
+# on a fresh cluster. A skew bug shows in every run, so the second run still judges it.
+RUNS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +78,18 @@ class Figures:
     p50_ms: float
     p99_ms: float
     roles: str
+    elections: int  # raft terms begun between the window's start and the judgement
     ran_skewed: int  # deliveries of attempts the skewed node ran
     claimed_skewed: int  # deliveries of attempts the skewed node claimed as leader
+    logs: str  # where the agents' logs of this run are
 
     def line(self) -> str:
         earliest = f" (earliest {-self.earliest_ms:.0f} ms before its slot)" if self.earliest_ms is not None else ""
         return (f"{self.case}: {self.received}/{self.expected} slots received, early {self.early}{earliest}, "
                 f"missed {len(self.missed)}, doubled {len(self.doubled)}, retried after loss {self.retried}, "
-                f"lateness p50 {self.p50_ms:.0f} ms p99 {self.p99_ms:.0f} ms; {self.roles}; of the deliveries, "
-                f"{self.ran_skewed} ran on the skewed node and {self.claimed_skewed} were claimed by it")
+                f"lateness p50 {self.p50_ms:.0f} ms p99 {self.p99_ms:.0f} ms; {self.roles}, "
+                f"{self.elections} election(s) in the window; of the deliveries, {self.ran_skewed} ran on the "
+                f"skewed node and {self.claimed_skewed} were claimed by it")
 
 
 def _instant(text: str) -> float:
@@ -104,7 +112,12 @@ def _complete(sink: Sink, first: int, last: int) -> bool:
                for job in JOBS)
 
 
-def _judge(case: str, c: Cluster, sink: Sink, first: int, last: int, roles: str, skewed: Node | None) -> Figures:
+def _term(c: Cluster) -> int:
+    return int(c.leader().get("/v1/cluster")["term"])
+
+
+def _judge(case: str, c: Cluster, sink: Sink, first: int, last: int, roles: str, skewed: Node | None,
+           elections: int) -> Figures:
     leader = c.leader()
     expected_slots = set(range(first, last + 1))
     early: list[float] = []
@@ -143,8 +156,8 @@ def _judge(case: str, c: Cluster, sink: Sink, first: int, last: int, roles: str,
     return Figures(case=case, expected=len(JOBS) * len(expected_slots), received=received, early=len(early),
                    earliest_ms=min(early) * 1000 if early else None, missed=tuple(missed), doubled=tuple(doubled),
                    retried=retried, p50_ms=_percentile(lateness, 0.50) * 1000,
-                   p99_ms=_percentile(lateness, 0.99) * 1000, roles=roles, ran_skewed=ran_skewed,
-                   claimed_skewed=claimed_skewed)
+                   p99_ms=_percentile(lateness, 0.99) * 1000, roles=roles, elections=elections,
+                   ran_skewed=ran_skewed, claimed_skewed=claimed_skewed, logs=str(c.nodes[0].log_path.parent))
 
 
 def _wait_offset(node: Node, offset: float) -> None:
@@ -172,6 +185,7 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
     wait_for("every job delivered once (the cluster settled with its jobs)", lambda: all(sink.of(j) for j in JOBS), 20)
     first = math.ceil(time.time()) + 1
     last = first + WINDOW - 1
+    term = _term(c)
     try:
         # Bounded by the window plus slack for slots a skewed node fires late: a slot still
         # missing then is reported as missed below, with the other figures.
@@ -182,10 +196,27 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
     after = c.leader()
     roles = (f"{skewed.name} at {offset:+g} s as {role}, leader {leader.name} before and {after.name} after"
              if skewed is not None else f"no offset, leader {leader.name} before and {after.name} after")
-    figures = _judge(case, c, sink, first, last, roles, skewed)
-    REPORT.append(figures.line())
-    print(figures.line())
-    return figures
+    return _judge(case, c, sink, first, last, roles, skewed, _term(c) - term)
+
+
+def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: float) -> Figures:
+    """The case's figures from its last run (see RUNS), each run on a fresh cluster and receiver."""
+    for run in range(1, RUNS + 1):
+        sink = Sink()
+        c = Cluster.create(tmp / f"run{run}", 3, faketime=library)
+        try:
+            c.start()
+            figures = _run_case(case, c, sink, role, offset)
+        finally:
+            c.stop()
+            sink.close()
+        if figures.elections == 0 or run == RUNS:
+            REPORT.append(figures.line())
+            print(figures.line())
+            return figures
+        REPORT.append(f"(set aside, an election in the window) {figures.line()}")
+        print(REPORT[-1])
+    raise AssertionError("unreachable: the last run returns")
 
 
 @pytest.fixture(scope="module")
@@ -200,27 +231,16 @@ def faketime_lib() -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(faketime_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Figures]:
+def reference(faketime_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Figures:
     """The same run with no offset: the yardstick for lateness, and a case of its own."""
-    sink = Sink()
-    c = Cluster.create(tmp_path_factory.mktemp("skew-reference"), 3, faketime=faketime_lib)
-    try:
-        c.start()
-        try:
-            figures = _run_case("no skew (reference)", c, sink, None, 0.0)
-        except BaseException:
-            print(c.dump_logs())
-            raise
-        yield figures
-    finally:
-        c.stop()
-        sink.close()
+    return _measure(tmp_path_factory.mktemp("skew-reference"), faketime_lib, "no skew (reference)", None, 0.0)
 
 
 def _assert_promises(f: Figures) -> None:
-    assert f.early == 0, f"{f.early} deliveries before their slot: {f.line()}"
-    assert not f.missed, f"slots never received: {list(f.missed)[:10]}: {f.line()}"
-    assert not f.doubled, f"slots received twice without a lost attempt: {list(f.doubled)[:5]}: {f.line()}"
+    where = f"{f.line()} (agents' logs in {f.logs})"
+    assert f.early == 0, f"{f.early} deliveries before their slot: {where}"
+    assert not f.missed, f"slots never received: {list(f.missed)[:10]}: {where}"
+    assert not f.doubled, f"slots received twice without a lost attempt: {list(f.doubled)[:5]}: {where}"
 
 
 def test_reference_without_skew(reference: Figures) -> None:
@@ -229,10 +249,9 @@ def test_reference_without_skew(reference: Figures) -> None:
 
 @pytest.mark.parametrize(("role", "offset"), [("follower", 3.0), ("follower", -3.0), ("follower", 30.0), ("leader", 3.0)],
                          ids=["follower+3s", "follower-3s", "follower+30s", "leader+3s"])
-def test_skewed_clock(make_cluster: Any, sink: Sink, faketime_lib: Path, reference: Figures,
-                      role: str, offset: float) -> None:
-    c: Cluster = make_cluster(3, faketime=faketime_lib)
-    f = _run_case(f"{role} {offset:+g} s", c, sink, role, offset)
+def test_skewed_clock(tmp_path: Path, faketime_lib: Path, reference: Figures, role: str, offset: float) -> None:
+    f = _measure(tmp_path, faketime_lib, f"{role} {offset:+g} s", role, offset)
     _assert_promises(f)
     assert f.p99_ms <= reference.p99_ms + P99_MARGIN * 1000, (
-        f"lateness p99 {f.p99_ms:.0f} ms, reference {reference.p99_ms:.0f} ms + {P99_MARGIN:g} s: {f.line()}")
+        f"lateness p99 {f.p99_ms:.0f} ms, reference {reference.p99_ms:.0f} ms + {P99_MARGIN:g} s: "
+        f"{f.line()} (agents' logs in {f.logs})")
