@@ -182,7 +182,10 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
         _wait_offset(n, offset if n is skewed else 0.0)
     for job in JOBS:
         c.put_job(job_doc(job, sink.url(f"/{job}"), schedule=EVERY_SECOND))
-    wait_for("every job delivered once (the cluster settled with its jobs)", lambda: all(sink.of(j) for j in JOBS), 20)
+    try:
+        wait_for("every job delivered once (the cluster settled with its jobs)", lambda: all(sink.of(j) for j in JOBS), 20)
+    except AssertionError as exc:
+        raise AssertionError(f"{case}: {exc} (agents' logs in {c.nodes[0].log_path.parent})") from None
     first = math.ceil(time.time()) + 1
     last = first + WINDOW - 1
     term = _term(c)
