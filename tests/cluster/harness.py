@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-# Loaded as `sitecustomize` by agents started under libfaketime; see the module's docstring.
+# Imported as `sitecustomize` by agents started under libfaketime: faketime_site/sitecustomize.py says why.
 FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
 # Lines a test wants quoted at the end of the run (the conftest prints them in the summary).
 REPORT: list[str] = []
@@ -51,14 +51,14 @@ def libfaketime() -> Path | None:
 def faketime_env(library: Path, clock_file: Path) -> dict[str, str]:
     """What an agent's environment needs to run with the offset written in ``clock_file``.
 
-    The monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), found by experiment
+    The monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), decided by experiment
     with libfaketime 0.9.10 and Python 3.11: faked, it makes every timed wait of a thread
-    (Event.wait, Lock.acquire, queue.get with a timeout) hang, because Python computes the
-    deadline from the faked clock and glibc's sem_clockwait, which the library does not
-    intercept, compares it with the real one; pysyncobj's start-up and the agent's bridge wait
-    like that. Skew between machines is a matter of wall clocks anyway: a monotonic clock
-    only measures intervals. Left alone, it breaks time.sleep instead (EINVAL), which the
-    sitecustomize in FAKETIME_SITE mends. The offset file is read at most once a second
+    (Event.wait, Lock.acquire, queue.get with a timeout) hang (an Event.wait(0.2) had not
+    returned after 10 s), because Python computes the deadline from the faked clock and
+    glibc's sem_clockwait, which the library does not intercept, compares it with the real
+    one; the agent's start (RaftNode.start) waits like that. Skew between machines is a matter
+    of wall clocks anyway: a monotonic clock only measures intervals. Left alone, it breaks
+    time.sleep instead (EINVAL), which the sitecustomize in FAKETIME_SITE mends. The offset file is read at most once a second
     (FAKETIME_CACHE_DURATION=1), so a new offset holds within about a second.
     """
     return {"LD_PRELOAD": str(library), "FAKETIME_TIMESTAMP_FILE": str(clock_file),
