@@ -28,10 +28,12 @@ schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not i
 requests = pytest.importorskip("requests")
 hypothesis = pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode
-from schemathesis.checks import (
+# These imports follow the importorskip calls above on purpose: without the test extra the
+# module skips with its reason instead of failing to import.
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import (  # noqa: E402
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from .harness import Cluster, Sink
+from .harness import REPORT, Cluster, Sink
 
 pytestmark = pytest.mark.cluster
 
@@ -40,3 +41,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Figures the tests asked to have quoted (e.g. the clock-skew cases), whatever the outcome
+    and without -s."""
+    if REPORT:
+        terminalreporter.section("cluster figures")
+        for line in REPORT:
+            terminalreporter.write_line(line)

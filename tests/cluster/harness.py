@@ -2,10 +2,15 @@
 
 Every wait is bounded and says what it waited for. Processes are ended only by
 the PIDs this harness started.
+
+Agents can run under libfaketime (Debian's ``faketime`` package) with a wall-clock offset
+each reads from its own file, settable while it runs (``Node.set_clock_offset``), so a test
+can skew a node it picked by its role after the election.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import signal
@@ -16,12 +21,49 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+# Imported as `sitecustomize` by agents started under libfaketime: faketime_site/sitecustomize.py says why.
+FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
+# Lines a test wants quoted at the end of the run (the conftest prints them in the summary).
+REPORT: list[str] = []
+
+
+def libfaketime() -> Path | None:
+    """The preload library of Debian's libfaketime package (where `dpkg -L libfaketime` puts
+    it), or None when it is not installed."""
+    try:
+        listed = subprocess.run(["dpkg-query", "-L", "libfaketime"], capture_output=True, text=True,
+                                timeout=20).stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        listed = []
+    candidates = [Path(line) for line in listed if line.endswith("/libfaketime.so.1")]
+    candidates += sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    candidates.append(Path("/usr/local/lib/faketime/libfaketime.so.1"))
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def faketime_env(library: Path, clock_file: Path) -> dict[str, str]:
+    """What an agent's environment needs to run with the offset written in ``clock_file``.
+
+    The monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), decided by experiment
+    with libfaketime 0.9.10 and Python 3.11: faked, it makes every timed wait of a thread
+    (Event.wait, Lock.acquire, queue.get with a timeout) hang (an Event.wait(0.2) had not
+    returned after 10 s), because Python computes the deadline from the faked clock and
+    glibc's sem_clockwait, which the library does not intercept, compares it with the real
+    one; the agent's start (RaftNode.start) waits like that. Skew between machines is a matter
+    of wall clocks anyway: a monotonic clock only measures intervals. Left alone, it breaks
+    time.sleep instead (EINVAL), which the sitecustomize in FAKETIME_SITE mends. The offset file is read at most once a second
+    (FAKETIME_CACHE_DURATION=1), so a new offset holds within about a second.
+    """
+    return {"LD_PRELOAD": str(library), "FAKETIME_TIMESTAMP_FILE": str(clock_file),
+            "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def free_ports(n: int) -> list[int]:
@@ -79,6 +121,7 @@ class Node:
     args: list[str]
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    clock_file: Path | None = None  # set when the agent runs under libfaketime
 
     @property
     def url(self) -> str:
@@ -112,7 +155,7 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout}s")
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout}s") from None
         return int(self.proc.returncode)
 
     def pause(self) -> None:
@@ -131,6 +174,22 @@ class Node:
         assert status == 200, f"GET {path} on {self.name}: {status} {body}"
         return body
 
+    def set_clock_offset(self, seconds: float) -> None:
+        """Set this agent's wall clock to ours plus ``seconds`` (it holds within about a second)."""
+        assert self.clock_file is not None, f"{self.name} was not started under libfaketime"
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+g}s\n")
+        tmp.replace(self.clock_file)  # the library never reads a half-written file
+
+    def clock_offset(self) -> float:
+        """This agent's wall clock minus ours, to within a second: the Date header of an API
+        answer, which is the agent's time truncated to the second, so the result lies in
+        (offset - 1, offset + the request's duration]."""
+        before = time.time()
+        with urllib.request.urlopen(self.url + "/v1/health", timeout=5) as resp:
+            stamp = email.utils.parsedate_to_datetime(resp.headers["Date"]).timestamp()
+        return stamp - before
+
 
 @dataclass
 class Cluster:
@@ -141,7 +200,9 @@ class Cluster:
     @classmethod
     def create(cls, tmp: Path, size: int = 3, *, secret: str = "cluster-test-secret",
                extra: list[str] | None = None, per_node: dict[int, list[str]] | None = None,
-               secrets: dict[int, str] | None = None) -> "Cluster":
+               secrets: dict[int, str] | None = None, faketime: Path | None = None) -> Cluster:
+        """``faketime``: the libfaketime library to start every agent under, each with offset 0
+        until its ``set_clock_offset``."""
         tmp.mkdir(parents=True, exist_ok=True)
         ports = free_ports(2 * size)
         raft, httpp = ports[:size], ports[size:]
@@ -155,10 +216,15 @@ class Cluster:
             env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTCRON_")}
             env["RAFTCRON_SECRET"] = (secrets or {}).get(i, secret)
             env["PYTHONUNBUFFERED"] = "1"
-            nodes.append(Node(f"n{i + 1}", raft[i], httpp[i], data, tmp / f"n{i + 1}.log", args, env))
+            clock = None
+            if faketime is not None:
+                clock = tmp / f"n{i + 1}.faketime"
+                clock.write_text("+0s\n")
+                env.update(faketime_env(faketime, clock))
+            nodes.append(Node(f"n{i + 1}", raft[i], httpp[i], data, tmp / f"n{i + 1}.log", args, env, clock_file=clock))
         return cls(nodes, secret, extra or [])
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         for n in self.nodes:
             n.start()
         return self

@@ -45,6 +45,9 @@ def test_failure_alert_once_after_n_then_one_recovery(make_cluster, sink: Sink) 
     assert ok_run["status"] == "succeeded"
     wait_for("the recovery alert", lambda: any(a["event"] == "recovery" for a in _alerts(sink)), 15)
     assert _run_and_wait(c, "flaky")["status"] == "succeeded"  # a second success: no second recovery
+    # Deliberate: the point is that no alert comes. The leader posts pending alerts every
+    # 0.5 s, so 2 s without one (four rounds) is the observation; the API shows no pending
+    # alerts that a wait could watch instead.
     time.sleep(2)
     events = Counter(a["event"] for a in _alerts(sink))
     assert events == {"failure": 1, "recovery": 1}, events
@@ -64,12 +67,12 @@ def test_full_stop_past_the_window_sends_one_missed_alert(make_cluster, sink: Si
     wait_for("first deliveries", lambda: len(sink.of("every-second")) >= 2, 15)
     for n in c.nodes:
         n.terminate()
-    time.sleep(8)
+    time.sleep(8)  # deliberate: the cluster stays down four times the catch-up window, the case under test
     for n in c.nodes:
         n.start()
     c.leader(timeout=30)
     wait_for("a missed alert", lambda: _alerts(sink), 20)
-    time.sleep(3)
+    time.sleep(3)  # deliberate: no second alert follows (six rounds of the leader's alert sender)
     alerts = _alerts(sink)
     assert [a["event"] for a in alerts] == ["missed"], alerts
     assert alerts[0]["details"]["count"] >= 3
@@ -88,7 +91,7 @@ def test_leader_killed_between_failure_and_alert(make_cluster, sink: Sink) -> No
     c.leader(among=[n for n in c.nodes if n is not old], timeout=20)
     sink.failing.discard("/alerts")
     wait_for("the alert delivered by the new leader", lambda: _alerts(sink), 30)
-    time.sleep(3)
+    time.sleep(3)  # deliberate: no repeat follows (six rounds of the leader's alert sender)
     delivered = _alerts(sink)
     assert len(delivered) == 1, delivered
     ids = {json.loads(d.body)["alert_id"] for d in sink.at("/alerts")}

@@ -7,12 +7,12 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from .harness import Cluster, Sink, http, job_doc, wait_for
+from .harness import Cluster, Node, Sink, http, job_doc, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -28,6 +28,20 @@ def _first_attempts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if r["trigger"] in SCHEDULED]
 
 
+def _unsettled(runs: list[dict[str, Any]], until: float) -> list[str]:
+    """Attempts of slots up to ``until`` that have not ended yet: claimed or running, or given
+    up with a retry due that is not claimed yet."""
+    return [r["id"] for r in runs if _ts(r["slot"]) <= until and (
+        r["status"] in ("claimed", "running")
+        or (r["status"] in ("retrying", "lost") and r["retry_at"] is not None and r["retried_by"] is None))]
+
+
+def _delivered_from(c: Cluster, sink: Sink, job: str, leader: Node) -> int:
+    """Deliveries of ``job``'s attempts that ``leader`` claimed."""
+    ids = {r["id"] for r in c.runs(job, via=leader) if r["claimed_by"]["leader"] == leader.name}
+    return sum(d.headers.get("X-Raftcron-Run-Id") in ids for d in sink.of(job))
+
+
 def assert_one_decision_per_slot(runs: list[dict[str, Any]], period: float = 1.0) -> list[float]:
     """Invariant 2 seen from outside: each slot decided once, and no slot skipped over."""
     firsts = _first_attempts(runs)
@@ -35,7 +49,7 @@ def assert_one_decision_per_slot(runs: list[dict[str, Any]], period: float = 1.0
     doubled = {s: n for s, n in per_slot.items() if n > 1}
     assert not doubled, f"slots decided more than once: {doubled}"
     slots = sorted(_ts(s) for s in per_slot)
-    gaps = [(a, b) for a, b in zip(slots, slots[1:]) if abs((b - a) - period) > 0.001]
+    gaps = [(a, b) for a, b in zip(slots, slots[1:], strict=False) if abs((b - a) - period) > 0.001]
     assert not gaps, f"slots missing between decided ones: {gaps[:5]}"
     return slots
 
@@ -51,14 +65,18 @@ def test_repeated_leader_kills_lose_and_double_no_slot(make_cluster, sink: Sink)
     for _ in range(3):
         old = c.leader()
         old.kill9()
-        c.leader(among=[n for n in c.nodes if n is not old], timeout=20)
-        time.sleep(2.5)  # let the new leader schedule a few slots before the next kill
+        new = c.leader(among=[n for n in c.nodes if n is not old], timeout=20)
+        # the new leader schedules slots before the next kill: it claims them a horizon (2 s)
+        # ahead, so once one of each job's has run it has been deciding for about that long
+        wait_for(f"a slot of each job claimed by the new leader {new.name} delivered",
+                 lambda new=new: all(_delivered_from(c, sink, n, new) >= 1 for n in names), 20)
         old.start()
-        wait_for("restarted node serving", lambda: old.get("/v1/health"), 20)
+        wait_for("restarted node serving", lambda node=old: node.get("/v1/health"), 20)
     end = time.time() - 3  # slots after this may still be in flight
     wait_for("slots up to the end delivered", lambda: all(
         any(_ts(d.headers["X-Raftcron-Slot"]) >= end for d in sink.of(n)) for n in names), 20)
-    time.sleep(1.5)
+    wait_for("every attempt of a slot up to the end settled in the ledger",
+             lambda: not any(_unsettled(c.runs(n, via=c.leader()), end) for n in names), 30)
     for name in names:
         runs = c.runs(name, via=c.leader())
         assert_one_decision_per_slot(runs)
@@ -119,7 +137,9 @@ def test_killed_executor_node_attempt_turns_lost(make_cluster, sink: Sink, deliv
                 if d.headers.get("X-Raftcron-Run-Id") in (run_id, retry_id)}
         assert len(keys) == 1, f"attempts of one slot must share the key: {keys}"
     else:
-        time.sleep(4)  # a retry would have been claimed within a leader tick of the loss
+        # Deliberate: the point is that nothing happens. A retry would have been claimed within
+        # a leader tick (under a second) of the loss; 4 s of no retry is the observation.
+        time.sleep(4)
         assert _run(c, run_id)["retried_by"] is None
         assert not [r for r in c.runs("slow") if r["slot"] == lost["slot"] and r["id"] != run_id]
 
@@ -150,7 +170,7 @@ def test_cluster_stopped_past_the_window_catches_up_and_records_missed(make_clus
     for n in c.nodes:
         n.terminate()
     stopped = time.time()
-    time.sleep(20)
+    time.sleep(20)  # deliberate: the cluster stays down twice the catch-up window, the case under test
     for n in c.nodes:
         n.start()
     restarted = time.time()
@@ -158,7 +178,10 @@ def test_cluster_stopped_past_the_window_catches_up_and_records_missed(make_clus
     wait_for("catch-up runs delivered", lambda: sum(d.headers.get("X-Raftcron-Slot", "") < _iso(restarted) and
                                                     _ts(d.headers["X-Raftcron-Slot"]) > stopped + 12
                                                     for d in sink.of("steady")) >= 5, 30)
-    time.sleep(2)
+    # the leader decides slots in order (no gap: asserted below), so once a slot of the
+    # restart's second is in its ledger, so is every slot of the downtime
+    wait_for("the leader's ledger to decide every slot of the downtime", lambda: any(
+        _ts(r["slot"]) >= restarted - 1 for r in _first_attempts(c.runs("steady", via=leader))), 20)
     runs = c.runs("steady", via=leader)
     assert_one_decision_per_slot(runs)
     gap = [r for r in _first_attempts(runs) if stopped + 1 < _ts(r["slot"]) < restarted - 1]
@@ -177,7 +200,7 @@ def test_cluster_stopped_past_the_window_catches_up_and_records_missed(make_clus
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def test_paused_follower_causes_no_second_claim(make_cluster, sink: Sink) -> None:  # type: ignore[no-untyped-def]
@@ -188,9 +211,13 @@ def test_paused_follower_causes_no_second_claim(make_cluster, sink: Sink) -> Non
     leader = c.leader()
     follower = next(n for n in c.nodes if n is not leader)
     follower.pause()
-    time.sleep(4)  # several election timeouts
+    time.sleep(4)  # deliberate: the pause, several election timeouts long, is the case under test
     follower.resume()
-    time.sleep(6)  # the follower's claims made while it slept are lost and retried
+    resumed = time.time()
+    # The follower's claims made while it slept are lost and retried: wait until every attempt
+    # of a slot it could have held (claimed up to a horizon, 2 s, ahead) has ended.
+    wait_for("every attempt up to the resume settled in the ledger",
+             lambda: not _unsettled(c.runs("pulse", via=c.leader()), resumed + 2), 40)
     runs = c.runs("pulse", via=c.leader())
     assert_one_decision_per_slot(runs)
     # every delivery beyond one per slot follows a lost attempt of that slot

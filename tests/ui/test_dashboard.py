@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.harness import Cluster, Sink, http as call, job_doc, wait_for
+from tests.cluster.harness import Cluster, Sink, job_doc, wait_for
+from tests.cluster.harness import http as call
 
 from .conftest import Chromium, Page
 

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from scheduler.executors import (
     ShellExecutor,
 )
 
-SLOT = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+SLOT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
 
 def attempt(command: list[str] | str, *, timeout: float = 10.0, **spec: Any) -> Attempt:

@@ -81,7 +81,7 @@ def test_relative_and_durations() -> None:
 
 def test_job_table_row() -> None:
     headers, rows = output.job_table([JOB], NOW, UTC)
-    row = dict(zip(headers, rows[0]))
+    row = dict(zip(headers, rows[0], strict=False))
     assert row["NAME"] == "nightly-report"
     assert row["TIMEZONE"] == "Europe/Berlin"
     assert row["STATE"] == "active"
@@ -92,7 +92,7 @@ def test_job_table_row() -> None:
 
 def test_run_and_member_tables() -> None:
     headers, rows = output.run_table([RUN], NOW, UTC)
-    row = dict(zip(headers, rows[0]))
+    row = dict(zip(headers, rows[0], strict=False))
     assert (row["STATUS"], row["RESULT"], row["DURATION"]) == ("succeeded", "http 204", "1.5s")
     members = [{"node_id": "n1", "role": "leader", "reachable": True, "raft_addr": "h:7001",
                 "http_addr": "h:8001", "tags": {"zone": "a", "b": "2"}, "allow_shell": True}]
