@@ -20,7 +20,8 @@ names (``X-Raftcron-Slot``). Judged only by what it received and what the API sa
   account for: of the attempts of a slot that reached the receiver, all but one must be
   ``lost`` or ``dead`` in the ledger (as ``tests/e2e/test_compose.py`` judges it), and no
   attempt may arrive twice;
-- lateness: arrival minus instant of each slot's first delivery, p50 and p99.
+- lateness: arrival minus instant of each slot's first delivery, p50 and p99 printed; judged by
+  how many are later than ``SLOW`` against the reference (see there).
 
 Needs libfaketime (Debian package ``faketime``). Without it the module skips, naming the
 package; with ``CI`` set it fails instead, so CI cannot pass without running it.
@@ -55,11 +56,15 @@ EARLY_TOLERANCE = 0.002
 # lost near the end (a lease, 5 s, and more later) may land after the judgement; it could
 # only be a duplicate the ledger accounts for, since a retry follows a `lost` record.
 DRAIN = 2.0
-# The bound on a skewed case's p99 lateness over the reference run's: skew shows in whole
-# seconds (a follower 3 s behind fires 3 s late), while load on the shared two-core machine
-# moves a reference p99 by up to a few hundred ms between runs. One second above the
-# reference separates the two without failing on noise.
-P99_MARGIN = 1.0
+# What "lateness as without skew" means here. Skew shows as a shift of whole seconds for every
+# slot a skewed node runs (a follower 3 s behind fires a third of the slots 3 s late), while load
+# on the shared two-core machine stretches the tail of any run, the reference's too, by a second
+# or two for a few slots (p99 of 0.6-2.2 s has been seen for the reference on a busy machine).
+# So a case fails when more of its deliveries are later than SLOW than the reference's were,
+# by over SLOW_SHARE of the slots: a systematic shift fails it, a noisy tail does not. p50 and
+# p99 are printed for the record.
+SLOW = 2.5
+SLOW_SHARE = 0.05
 # Runs of a case at most. An election during the window (load on the shared machine can stall
 # an agent past the 0.4-1 s election timeout) delays the slots due in the gap by seconds,
 # which says nothing about skew; a run that fails while one fell in its window is printed,
@@ -80,6 +85,7 @@ class Figures:
     retried: int  # extra deliveries the ledger accounts for (a lost attempt retried)
     p50_ms: float
     p99_ms: float
+    slow: int  # deliveries later than SLOW
     roles: str
     elections: int  # raft terms begun between the window's start and the judgement
     ran_skewed: int  # deliveries of attempts the skewed node ran
@@ -90,7 +96,7 @@ class Figures:
         earliest = f" (earliest {-self.earliest_ms:.0f} ms before its slot)" if self.earliest_ms is not None else ""
         return (f"{self.case}: {self.received}/{self.expected} slots received, early {self.early}{earliest}, "
                 f"missed {len(self.missed)}, doubled {len(self.doubled)}, retried after loss {self.retried}, "
-                f"lateness p50 {self.p50_ms:.0f} ms p99 {self.p99_ms:.0f} ms; {self.roles}, "
+                f"lateness p50 {self.p50_ms:.0f} ms p99 {self.p99_ms:.0f} ms, {self.slow} over {SLOW:g} s; {self.roles}, "
                 f"{self.elections} election(s) in the window; of the deliveries, {self.ran_skewed} ran on the "
                 f"skewed node and {self.claimed_skewed} were claimed by it")
 
@@ -159,7 +165,7 @@ def _judge(case: str, c: Cluster, sink: Sink, first: int, last: int, roles: str,
     return Figures(case=case, expected=len(JOBS) * len(expected_slots), received=received, early=len(early),
                    earliest_ms=min(early) * 1000 if early else None, missed=tuple(missed), doubled=tuple(doubled),
                    retried=retried, p50_ms=_percentile(lateness, 0.50) * 1000,
-                   p99_ms=_percentile(lateness, 0.99) * 1000, roles=roles, elections=elections,
+                   p99_ms=_percentile(lateness, 0.99) * 1000, slow=sum(late > SLOW for late in lateness), roles=roles, elections=elections,
                    ran_skewed=ran_skewed, claimed_skewed=claimed_skewed, logs=str(c.nodes[0].log_path.parent))
 
 
@@ -252,9 +258,10 @@ def _broken_promises(f: Figures) -> list[str]:
 
 
 def _too_late(f: Figures, reference: Figures) -> list[str]:
-    if f.p99_ms <= reference.p99_ms + P99_MARGIN * 1000:
+    allowed = reference.slow + round(SLOW_SHARE * f.expected)
+    if f.slow <= allowed:
         return []
-    return [f"lateness p99 {f.p99_ms:.0f} ms over the reference's {reference.p99_ms:.0f} ms + {P99_MARGIN:g} s"]
+    return [f"{f.slow} deliveries over {SLOW:g} s late, the reference had {reference.slow} (allowed {allowed})"]
 
 
 def test_reference_without_skew(reference: Figures) -> None:
