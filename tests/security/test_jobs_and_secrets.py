@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from api.secretfile import PLACEHOLDER
 from tests.cluster.harness import ROOT, Cluster, Node, http, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -29,6 +28,7 @@ pytestmark = pytest.mark.cluster
 SECRET = "security-test-secret-0123456789abcdef"
 WRITE, READ = "write-token-of-the-security-test", "read-token-of-the-security-test"
 DONE = {"succeeded", "failed", "timed_out", "lost", "dead"}
+PLACEHOLDER = "replace-me-with-the-output-of-the-command-above"  # .env.example's (api.secretfile checks)
 
 
 # ---- fixtures (kept here: tests/security has no conftest of its own) --------------------------
