@@ -247,7 +247,7 @@ class ShellExecutor:
             )
         except BaseException as exc:
             pipe.close()
-            if isinstance(exc, (OSError, ValueError)):
+            if isinstance(exc, (OSError, ValueError, subprocess.SubprocessError)):
                 return _spawn_error(exc, argv[0], cwd)
             raise
         finally:
@@ -375,8 +375,8 @@ def _limiter(limits: ShellLimits) -> Callable[[], None]:
     return set_limits
 
 
-def _spawn_error(exc: OSError | ValueError, executable: str, cwd: str | None) -> str:
-    if isinstance(exc, ValueError):  # e.g. an env name with '=' or a NUL byte
+def _spawn_error(exc: OSError | ValueError | subprocess.SubprocessError, executable: str, cwd: str | None) -> str:
+    if not isinstance(exc, OSError):  # an env name with '=' or a NUL byte; a limit the child could not set
         return f"cannot start {executable!r}: {exc}"
     reason = exc.strerror or str(exc)
     # subprocess reports a failed chdir with the cwd as the filename.
