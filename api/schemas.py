@@ -54,7 +54,8 @@ JOB_DOCUMENT = _obj({
         "env": _STRMAP,
         "cwd": {"type": "string", "nullable": True},
         "limits": _obj({
-            "processes": {"type": "integer", "minimum": 1, "description": "RLIMIT_NPROC (per user), default 1024"},
+            "processes": {"type": "integer", "minimum": 1, "description": "RLIMIT_NPROC (per user); default 1024 "
+                                                                       "with --shell-user, else none"},
             "memory": {"oneOf": [{"type": "integer", "minimum": 1048576}, {"type": "string"}],
                        "description": "RLIMIT_DATA per process: bytes or 512Mi, 2Gi, 500M; default 1Gi"},
             "cpu": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "nullable": True,

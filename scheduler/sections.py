@@ -43,6 +43,7 @@ __all__ = [
     "History",
     "HttpSpec",
     "Retries",
+    "SHELL_USER_PROCESSES",
     "ShellLimits",
     "ShellSpec",
     "Target",
@@ -127,14 +128,16 @@ class ShellLimits:
 
     ``processes`` is RLIMIT_NPROC, which the kernel counts per user: all processes and
     threads of the user the job runs as (``--shell-user``), not of this job alone, and it
-    does not bind root. ``memory`` (bytes) is RLIMIT_DATA, each process's private writable
+    does not bind root. Unset, it is ``SHELL_USER_PROCESSES`` when jobs run as a
+    ``--shell-user`` and no limit otherwise (the count would then include everything the
+    agent's own user runs, the agent's threads too). ``memory`` (bytes) is RLIMIT_DATA, each process's private writable
     memory (heap and anonymous maps, not shared libraries or reserved address space).
     ``cpu`` is RLIMIT_CPU in seconds of CPU time per process; unset, the attempt's
     ``timeout`` is the bound. ``open_files`` is RLIMIT_NOFILE. A limit is never raised
     above the agent's own hard limit.
     """
 
-    processes: int = 1024
+    processes: int | None = None
     memory: int = 1 << 30
     cpu: int | None = None
     open_files: int = 1024
@@ -144,6 +147,8 @@ class ShellLimits:
 
 
 SHELL_LIMIT_FIELDS = ("processes", "memory", "cpu", "open_files")
+SHELL_USER_PROCESSES = 1024
+"""``shell.limits.processes`` when unset and jobs run as a ``--shell-user``."""
 _MAX_PROCESSES = 1 << 22  # the kernel's pid_max ceiling
 _MAX_OPEN_FILES = 1 << 20  # the kernel's default nr_open
 _MIN_MEMORY = 1 << 20  # below this not even /bin/sh starts
@@ -298,8 +303,11 @@ def parse_shell_limits(s: Fields) -> ShellLimits:
     if lim.has("cpu"):
         seconds = lim.duration("cpu", 0.0, positive=True)
         cpu = int(seconds) if seconds > 0 else None
+    processes: int | None = None
+    if lim.has("processes"):
+        processes = lim.integer("processes", 1, lo=1, hi=_MAX_PROCESSES)
     return ShellLimits(
-        processes=lim.integer("processes", default.processes, lo=1, hi=_MAX_PROCESSES),
+        processes=processes,
         memory=memory,
         cpu=cpu,
         open_files=lim.integer("open_files", default.open_files, lo=1, hi=_MAX_OPEN_FILES),

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.fields import Fields, Problems
-from scheduler.sections import ShellLimits, parse_shell_limits
+from scheduler.sections import SHELL_USER_PROCESSES, ShellLimits, parse_shell_limits
 
 from .base import OUTPUT_CAP, Attempt, Outcome, OutcomeStatus, identity
 
@@ -241,7 +241,7 @@ class ShellExecutor:
                 user=user.uid if user is not None else None,
                 group=user.gid if user is not None else None,
                 extra_groups=list(user.groups) if user is not None else None,
-                preexec_fn=_limiter(_limits(spec.get("limits"))),
+                preexec_fn=_limiter(_limits(spec.get("limits")), as_user=user is not None),
                 # The agent's umask (0o077) keeps its own files private; a job gets the usual one.
                 umask=0o022,
             )
@@ -351,14 +351,16 @@ def _limits(doc: Any) -> ShellLimits:
     return limits if not problems else ShellLimits()
 
 
-def _limiter(limits: ShellLimits) -> Callable[[], None]:
+def _limiter(limits: ShellLimits, *, as_user: bool) -> Callable[[], None]:
     """The preexec_fn setting ``limits`` in the child; the values are worked out here, in the
     parent, so the child (forked from a threaded process) only makes setrlimit calls."""
     wanted: list[tuple[int, int]] = [
-        (resource.RLIMIT_NPROC, limits.processes),
         (resource.RLIMIT_DATA, limits.memory),
         (resource.RLIMIT_NOFILE, limits.open_files),
     ]
+    processes = limits.processes if limits.processes is not None else (SHELL_USER_PROCESSES if as_user else None)
+    if processes is not None:
+        wanted.append((resource.RLIMIT_NPROC, processes))
     if limits.cpu is not None:
         wanted.append((resource.RLIMIT_CPU, limits.cpu))
     settings: list[tuple[int, int]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from scheduler.executors import Attempt, OutcomeStatus, ShellExecutor
 from scheduler.executors.shell import ShellUser, resolve_shell_user
 from scheduler.model import ValidationFailed, parse_job
-from scheduler.sections import ShellLimits
+from scheduler.sections import SHELL_USER_PROCESSES, ShellLimits
 
 SLOT = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 AGENT_SECRETS = {
@@ -164,6 +165,26 @@ async def test_default_limits_apply_to_a_job_without_any() -> None:
     default = ShellLimits()
     assert int(lines[0]) <= default.open_files
     assert int(table["Max data size"][0]) <= default.memory
+
+
+async def test_the_process_limit_defaults_to_none_as_the_agents_user() -> None:
+    # RLIMIT_NPROC counts every process and thread of the user: as the agent's own user a
+    # default would count the agent and whatever else that user runs.
+    outcome = await ShellExecutor().run(attempt("cat /proc/self/limits"))
+    table = {line[:26].strip(): line[26:].split() for line in outcome.output.splitlines()}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    assert table["Max processes"][:2] == [_limit_text(soft), _limit_text(hard)]
+
+
+@as_root
+async def test_the_process_limit_defaults_to_1024_as_a_shell_user() -> None:
+    outcome = await ShellExecutor(user=nobody()).run(attempt("cat /proc/self/limits"))
+    table = {line[:26].strip(): line[26:].split() for line in outcome.output.splitlines()}
+    assert table["Max processes"][:2] == [str(SHELL_USER_PROCESSES)] * 2 == ["1024"] * 2
+
+
+def _limit_text(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
 async def test_a_memory_hog_is_bounded_by_memory() -> None:
