@@ -28,8 +28,8 @@ __all__ = ["HttpExecutor", "MATCH_CAP"]
 MATCH_CAP = 64 * 1024
 """Bytes from the start of the body that ``expect_body`` is searched in: a response
 may be arbitrarily large and the executor never buffers more than a bounded amount.
-RE2 (``scheduler.pattern``) searches this in linear time, ~0.1 ms per 64 KiB, so the
-match runs on the event loop."""
+RE2 (``scheduler.pattern``) searches this in linear time: 0.004-1.5 ms per 64 KiB measured
+(``(a+)+$`` to ``(x+x+)+y``), so the match runs on the event loop."""
 
 _CHUNK = 64 * 1024
 
