@@ -49,6 +49,7 @@ RUN set -eu; \
 
 FROM ${BASE_IMAGE}
 ARG RAFTCRON_UID=10001
+ARG RAFTCRON_JOB_UID=10002
 LABEL org.opencontainers.image.title="raftcron" \
       org.opencontainers.image.description="A distributed cron on Raft (pysyncobj)" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -60,7 +61,13 @@ RUN set -eu; \
         --no-create-home --no-log-init --shell /usr/sbin/nologin raftcron; \
     mkdir -p /var/lib/raftcron; \
     chown raftcron:raftcron /var/lib/raftcron; \
-    chmod 0750 /var/lib/raftcron
+    chmod 0700 /var/lib/raftcron; \
+    groupadd --gid "$RAFTCRON_JOB_UID" raftcron-job; \
+    useradd --uid "$RAFTCRON_JOB_UID" --gid raftcron-job --home-dir /home/raftcron-job \
+        --no-create-home --no-log-init --shell /usr/sbin/nologin raftcron-job; \
+    mkdir -p /home/raftcron-job; \
+    chown raftcron-job:raftcron-job /home/raftcron-job; \
+    chmod 0700 /home/raftcron-job
 
 ENV PATH=/opt/raftcron/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -68,7 +75,10 @@ ENV PATH=/opt/raftcron/bin:$PATH \
     RAFTCRON_DATA_DIR=/var/lib/raftcron
 
 # Everything else comes from RAFTCRON_* variables (RAFTCRON_NODE_ID, RAFTCRON_PEERS,
-# RAFTCRON_SECRET, ...): see docker-compose.yml. The secret has no default on purpose.
+# RAFTCRON_SECRET or RAFTCRON_SECRET_FILE, ...): see docker-compose.yml. The secret has no
+# default on purpose. raftcron-job (above) is the user shell jobs run as with
+# RAFTCRON_SHELL_USER=raftcron-job, which needs the agent to run as root (compose does);
+# as raftcron, the default user here, leave RAFTCRON_SHELL_USER unset.
 VOLUME ["/var/lib/raftcron"]
 WORKDIR /var/lib/raftcron
 EXPOSE 7001 8001

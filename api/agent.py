@@ -27,6 +27,7 @@ from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode
 from scheduler.clock import SystemClock
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
+from scheduler.executors.shell import ShellUser, resolve_shell_user
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.skew import ClusterTime, parse_max_skew
 from scheduler.state import State
@@ -35,6 +36,7 @@ from .app import create_app
 from .context import ApiContext, Tokens
 from .logs import setup_logging
 from .metrics import Metrics
+from .secretfile import check_secret, read_secret_file
 
 __all__ = ["AgentConfig", "Agent", "add_agent_arguments", "run_agent", "config_from_args"]
 
@@ -51,6 +53,7 @@ class AgentConfig:
     secret: str
     tags: dict[str, str] = field(default_factory=dict)
     allow_shell: bool = False
+    shell_user: ShellUser | None = None
     api_token: str | None = None
     api_read_token: str | None = None
     alert_webhook: str | None = None
@@ -75,9 +78,11 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-addr", default=_env("HTTP_ADDR", "127.0.0.1:8001"), help="host:port of the API (RAFTCRON_HTTP_ADDR)")
     p.add_argument("--advertise-http", default=_env("ADVERTISE_HTTP"), help="API address other nodes and clients use, if not --http-addr (RAFTCRON_ADVERTISE_HTTP)")
     p.add_argument("--data-dir", default=_env("DATA_DIR"), help="journal and snapshots (RAFTCRON_DATA_DIR), default ./data/NODE_ID")
-    p.add_argument("--secret", default=_env("SECRET"), help="cluster secret, required (RAFTCRON_SECRET)")
+    p.add_argument("--secret", default=_env("SECRET"), help="cluster secret, at least 32 bytes; this or --secret-file is required (RAFTCRON_SECRET)")
+    p.add_argument("--secret-file", default=_env("SECRET_FILE"), help="read the cluster secret from this file, if --secret is not given (RAFTCRON_SECRET_FILE)")
     p.add_argument("--tag", action="append", default=None, metavar="K=V", help="node tag for job targeting; repeatable (RAFTCRON_TAGS=k=v,k2=v2)")
     p.add_argument("--allow-shell", action="store_true", default=_truthy(_env("ALLOW_SHELL")), help="run shell jobs on this node (RAFTCRON_ALLOW_SHELL)")
+    p.add_argument("--shell-user", default=_env("SHELL_USER"), help="run shell jobs as this unprivileged user; the agent must run as root (RAFTCRON_SHELL_USER)")
     p.add_argument("--api-token", default=_env("API_TOKEN"), help="bearer token for the API (RAFTCRON_API_TOKEN)")
     p.add_argument("--api-read-token", default=_env("API_READ_TOKEN"), help="read-only bearer token (RAFTCRON_API_READ_TOKEN)")
     p.add_argument("--alert-webhook", default=_env("ALERT_WEBHOOK"), help="default alert webhook (RAFTCRON_ALERT_WEBHOOK)")
@@ -104,16 +109,24 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     missing = [flag for flag, v in (("--node-id", args.node_id), ("--raft-addr", args.raft_addr)) if not v]
     if missing:
         raise ValueError(f"{', '.join(missing)} required (or the RAFTCRON_* variable)")
-    if not args.secret:
+    secret_file = getattr(args, "secret_file", None)
+    if args.secret:
+        secret = args.secret
+        check_secret(secret, "--secret (RAFTCRON_SECRET)")
+    elif secret_file:
+        secret = read_secret_file(Path(secret_file))
+    else:
         raise MissingSecret(
-            "--secret (or RAFTCRON_SECRET) is required: the raft port carries pickled objects, and only "
-            "the secret keeps strangers from running code through it"
+            "--secret or --secret-file (RAFTCRON_SECRET, RAFTCRON_SECRET_FILE) is required: the raft port "
+            "carries pickled objects, and only the secret keeps strangers from running code through it"
         )
+    shell_user_name = getattr(args, "shell_user", None)
+    shell_user = resolve_shell_user(shell_user_name) if shell_user_name else None
     peers = tuple(p.strip() for p in (args.peers or "").split(",") if p.strip())
     return AgentConfig(
         node_id=args.node_id, raft_addr=args.raft_addr, peers=peers, http_addr=args.http_addr,
-        data_dir=Path(args.data_dir or f"./data/{args.node_id}"), secret=args.secret, tags=_tags(args.tag),
-        allow_shell=bool(args.allow_shell), api_token=args.api_token, api_read_token=args.api_read_token,
+        data_dir=Path(args.data_dir or f"./data/{args.node_id}"), secret=secret, tags=_tags(args.tag),
+        allow_shell=bool(args.allow_shell), shell_user=shell_user, api_token=args.api_token, api_read_token=args.api_read_token,
         alert_webhook=args.alert_webhook, lease=parse_duration(args.lease), fsync=not args.no_fsync,
         compaction_entries=args.compaction_entries, max_clock_skew=parse_max_skew(str(args.max_clock_skew)),
     )
@@ -152,9 +165,11 @@ class Agent:
             RuntimeConfig(node_id=c.node_id, raft_addr=c.raft_addr, http_addr=self.advertise_http, tags=c.tags,
                           allow_shell=c.allow_shell, lease=c.lease, alert_webhook=c.alert_webhook,
                           max_clock_skew=c.max_clock_skew),
-            {"http": self.http, "shell": ShellExecutor(c.allow_shell, now=self.cluster_time.now)}, loop,
+            {"http": self.http, "shell": ShellExecutor(c.allow_shell, user=c.shell_user, now=self.cluster_time.now)},
+            loop,
             cluster_time=self.cluster_time)
         self.runtime = runtime
+        _private_dir(c.data_dir)
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
                        compaction_entries=c.compaction_entries),
@@ -214,6 +229,17 @@ class Agent:
                             ", ".join(self.cfg.peers))
 
 
+def _private_dir(path: Path) -> None:
+    """The data directory 0700 and what is in it 0600: journal and snapshots hold job
+    secrets (headers, env). The umask (run_agent) covers what is created from now on;
+    this tightens a directory an older version left readable."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    for entry in path.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            entry.chmod(0o600)
+
+
 def _port_open(addr: str) -> bool:
     host, port = _split(addr)
     try:
@@ -246,6 +272,8 @@ def run_agent(args: argparse.Namespace) -> int:
     # was loaded at start (the modules) is left out of collections.
     gc.set_threshold(10_000, 50, 50)
     gc.freeze()
+    # Journal, snapshots and anything else the node writes: readable by this user only.
+    os.umask(0o077)
     try:
         cfg = config_from_args(args)
     except (ValueError, MissingSecret) as exc:

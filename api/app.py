@@ -83,9 +83,9 @@ def _auth_middleware(ctx: ApiContext) -> Any:
         given = header[7:].strip() if header.lower().startswith("bearer ") else None
         if given is None:
             raise Unauthorized("this cluster needs a token: send Authorization: Bearer <token>")
-        if tokens.write is not None and hmac.compare_digest(given, tokens.write):
+        if tokens.write is not None and _same_token(given, tokens.write):
             return await handler(request)
-        if tokens.read is not None and hmac.compare_digest(given, tokens.read):
+        if tokens.read is not None and _same_token(given, tokens.read):
             if request.method in ("GET", "HEAD"):
                 with as_reader():
                     return await handler(request)
@@ -93,6 +93,14 @@ def _auth_middleware(ctx: ApiContext) -> Any:
         raise Unauthorized("the token is not valid for this cluster")
 
     return auth
+
+
+def _same_token(given: str, expected: str) -> bool:
+    # compare_digest refuses str with non-ASCII characters (TypeError, a 500): compare the
+    # UTF-8 bytes; surrogateescape keeps any header byte encodable.
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape")
+    )
 
 
 def _route_key(request: web.Request) -> tuple[str, str] | None:

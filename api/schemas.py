@@ -53,6 +53,15 @@ JOB_DOCUMENT = _obj({
         "command": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
         "env": _STRMAP,
         "cwd": {"type": "string", "nullable": True},
+        "limits": _obj({
+            "processes": {"type": "integer", "minimum": 1, "description": "RLIMIT_NPROC (per user); default 1024 "
+                                                                       "with --shell-user, else none"},
+            "memory": {"oneOf": [{"type": "integer", "minimum": 1048576}, {"type": "string"}],
+                       "description": "RLIMIT_DATA per process: bytes or 512Mi, 2Gi, 500M; default 1Gi"},
+            "cpu": {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "nullable": True,
+                    "description": "RLIMIT_CPU per process: seconds or a duration; default none (timeout bounds it)"},
+            "open_files": {"type": "integer", "minimum": 1, "description": "RLIMIT_NOFILE, default 1024"},
+        }),
     }, ("command",), nullable=True),
     "timeout": _DURATION,
     "retries": _obj({"max": {"type": "integer", "minimum": 0, "maximum": 100}, "backoff": _DURATION,

@@ -31,7 +31,7 @@ __all__ = ["RESULTS", "AGENT_FLAGS", "common_args", "fresh_cluster", "machine", 
 
 RESULTS = ROOT / "bench" / "results"
 AGENT_FLAGS = ["--log-level", "warning"]
-SECRET = "bench-secret"
+SECRET = "bench-secret-of-at-least-thirty-two-bytes"
 
 
 def common_args(p: argparse.ArgumentParser, repeat: int = 3) -> None:

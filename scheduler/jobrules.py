@@ -12,12 +12,14 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 from scheduler.fields import type_name
+from scheduler.pattern import compile_pattern
 
 if TYPE_CHECKING:
     from scheduler.fields import Fields
 
 __all__ = [
     "NAME_PATTERN",
+    "check_body_pattern",
     "check_cwd",
     "check_env_name",
     "check_env_value",
@@ -31,6 +33,7 @@ __all__ = [
     "check_timezone",
     "check_url",
     "parse_command",
+    "parse_size",
 ]
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -44,6 +47,13 @@ _HOST_ZONES = frozenset({"localtime", "posixrules"})
 # The executor sets these itself (SPEC section 2); a job must not forge them.
 _RESERVED_HEADERS = ("idempotency-key", "x-raftcron-")
 _RESERVED_ENV = "RAFTCRON_"
+_SIZE = re.compile(r"([0-9]{1,16})([KMGT]i?)?")
+_SIZE_UNITS = {
+    None: 1,
+    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+}
+_MAX_SIZE = 1 << 50
 
 
 def check_name(value: str) -> str | None:
@@ -131,11 +141,43 @@ def check_tag_key(value: str) -> str | None:
     return None
 
 
+def parse_size(value: object) -> int | str:
+    """Bytes in ``value``: an integer, or a string like ``"512Mi"``, ``"2G"`` (Kubernetes
+    units: K M G T are powers of 1000, Ki Mi Gi Ti of 1024); a problem message otherwise."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON clients may send 3.0
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value.strip())):
+        size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    else:
+        return "must be a positive number of bytes, or a size like 512Mi, 2Gi or 500M"
+    if size <= 0:
+        return "must be a positive number of bytes"
+    if size > _MAX_SIZE:
+        return "must be at most 1Pi"
+    return size
+
+
 def check_regex(value: str) -> str | None:
+    # The state machine's rule, unchanged: jobs stored before expect_body was matched by RE2
+    # must still parse on replay. New documents pass check_body_pattern too (Service.put_job).
     try:
         re.compile(value)
     except re.error as exc:
         return f"is not a valid regular expression: {exc}"
+    return None
+
+
+def check_body_pattern(value: str) -> str | None:
+    """``http.expect_body`` as the executor runs it: a pattern RE2 compiles (linear time)."""
+    try:
+        compile_pattern(value)
+    except ValueError as exc:
+        return (
+            f"is not a regular expression RE2 can run ({exc}): backreferences and look-around "
+            "are not supported, matching must take linear time"
+        )
     return None
 
 

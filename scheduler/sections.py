@@ -25,6 +25,7 @@ from scheduler.jobrules import (
     check_tag_key,
     check_url,
     parse_command,
+    parse_size,
 )
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "History",
     "HttpSpec",
     "Retries",
+    "SHELL_USER_PROCESSES",
+    "ShellLimits",
     "ShellSpec",
     "Target",
     "parse_alerts",
@@ -120,16 +123,54 @@ class HttpSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ShellLimits:
+    """``shell.limits``: resource limits set (``setrlimit``) in the job's process before it runs.
+
+    ``processes`` is RLIMIT_NPROC, which the kernel counts per user: all processes and
+    threads of the user the job runs as (``--shell-user``), not of this job alone, and it
+    does not bind root. Unset, it is ``SHELL_USER_PROCESSES`` when jobs run as a
+    ``--shell-user`` and no limit otherwise (the count would then include everything the
+    agent's own user runs, the agent's threads too). ``memory`` (bytes) is RLIMIT_DATA, each process's private writable
+    memory (heap and anonymous maps, not shared libraries or reserved address space).
+    ``cpu`` is RLIMIT_CPU in seconds of CPU time per process; unset, the attempt's
+    ``timeout`` is the bound. ``open_files`` is RLIMIT_NOFILE. A limit is never raised
+    above the agent's own hard limit.
+    """
+
+    processes: int | None = None
+    memory: int = 1 << 30
+    cpu: int | None = None
+    open_files: int = 1024
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"processes": self.processes, "memory": self.memory, "cpu": self.cpu, "open_files": self.open_files}
+
+
+SHELL_LIMIT_FIELDS = ("processes", "memory", "cpu", "open_files")
+SHELL_USER_PROCESSES = 1024
+"""``shell.limits.processes`` when unset and jobs run as a ``--shell-user``."""
+_MAX_PROCESSES = 1 << 22  # the kernel's pid_max ceiling
+_MAX_OPEN_FILES = 1 << 20  # the kernel's default nr_open
+_MIN_MEMORY = 1 << 20  # below this not even /bin/sh starts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ShellSpec:
     command: tuple[str, ...] | str  # argv, or a string for /bin/sh -c
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    limits: ShellLimits = field(default_factory=ShellLimits)
 
     def to_doc(self) -> dict[str, Any]:
         command: list[str] | str = (
             self.command if isinstance(self.command, str) else list(self.command)
         )
-        return {"command": command, "env": dict(sorted(self.env.items())), "cwd": self.cwd}
+        doc: dict[str, Any] = {"command": command, "env": dict(sorted(self.env.items())), "cwd": self.cwd}
+        # Default limits stay out of the document, so documents stored before limits
+        # existed read back byte-equal and replicas' snapshots keep agreeing.
+        if self.limits != ShellLimits():
+            doc["limits"] = self.limits.to_doc()
+        return doc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,13 +272,45 @@ def parse_http(f: Fields) -> HttpSpec | None:
 
 
 def parse_shell(f: Fields) -> ShellSpec | None:
-    s = f.section("shell", ("command", "env", "cwd"))
+    s = f.section("shell", ("command", "env", "cwd", "limits"))
     if s is None:
         return None
     return ShellSpec(
         command=parse_command(s),
         env=s.string_map("env", check_key=check_env_name, check_value=check_env_value),
         cwd=s.checked("cwd", check_cwd),
+        limits=parse_shell_limits(s),
+    )
+
+
+def parse_shell_limits(s: Fields) -> ShellLimits:
+    """``shell.limits``; every field optional, the defaults of ``ShellLimits`` otherwise."""
+    lim = s.section("limits", SHELL_LIMIT_FIELDS)
+    if lim is None:
+        return ShellLimits()
+    default = ShellLimits()
+    memory = default.memory
+    raw_memory = lim.raw("memory")
+    if raw_memory is not None:
+        parsed = parse_size(raw_memory)
+        if isinstance(parsed, str):
+            lim.error("memory", parsed)
+        elif parsed < _MIN_MEMORY:
+            lim.error("memory", "must be at least 1Mi")
+        else:
+            memory = parsed
+    cpu: int | None = None
+    if lim.has("cpu"):
+        seconds = lim.duration("cpu", 0.0, positive=True)
+        cpu = int(seconds) if seconds > 0 else None
+    processes: int | None = None
+    if lim.has("processes"):
+        processes = lim.integer("processes", 1, lo=1, hi=_MAX_PROCESSES)
+    return ShellLimits(
+        processes=processes,
+        memory=memory,
+        cpu=cpu,
+        open_files=lim.integer("open_files", default.open_files, lo=1, hi=_MAX_OPEN_FILES),
     )
 
 

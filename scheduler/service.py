@@ -31,6 +31,7 @@ from .commands import (
     encode_command,
 )
 from .errors import Conflict, NotFound, OutcomeUnknown, RaftcronError, Unavailable, ValidationFailed
+from .jobrules import check_body_pattern
 from .model import Job
 from .planner import NodeInfo, Picker, us
 from .state import Applied, State
@@ -124,6 +125,11 @@ class Service:
     # ---- jobs -------------------------------------------------------------------
 
     async def put_job(self, job: Job, *, create_only: bool = False) -> dict[str, Any]:
+        # Checked here, not in parse_job: a job stored before RE2 matched expect_body must
+        # still parse in apply, while a new one must not hold a pattern the executor refuses.
+        if job.http is not None and job.http.expect_body is not None:
+            if problem := check_body_pattern(job.http.expect_body):
+                raise ValidationFailed([{"field": "http.expect_body", "message": problem}])
         cmd = PutJob(at_us=self.now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
         result, retried = await self.propose(cmd, parsed=job)
         if isinstance(result, Rejected):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -18,15 +17,18 @@ from typing import Any
 
 import aiohttp
 
+from ..pattern import BodyPattern, compile_pattern
 from ..redaction import mask_url, scrub_urls
 from .base import Attempt, Outcome, OutcomeStatus, identity
 from .shell import OutputTail
 
 __all__ = ["HttpExecutor", "MATCH_CAP"]
 
-MATCH_CAP = 1024 * 1024
+MATCH_CAP = 64 * 1024
 """Bytes from the start of the body that ``expect_body`` is searched in: a response
-may be arbitrarily large and the executor never buffers more than a bounded amount."""
+may be arbitrarily large and the executor never buffers more than a bounded amount.
+RE2 (``scheduler.pattern``) searches this in linear time: 0.004-1.5 ms per 64 KiB measured
+(``(a+)+$`` to ``(x+x+)+y``), so the match runs on the event loop."""
 
 _CHUNK = 64 * 1024
 
@@ -86,7 +88,7 @@ class HttpExecutor:
         spec = attempt.spec
         try:
             pattern = _compile(spec.get("expect_body"))
-        except re.error as exc:
+        except ValueError as exc:
             # Judged before sending: never fire a side effect whose result cannot be judged.
             return self._outcome(started, OutcomeStatus.FAILED, error=f"invalid expect_body regex: {exc}")
         response = _Response(head_cap=MATCH_CAP if pattern else 0)
@@ -144,8 +146,10 @@ class HttpExecutor:
         )
 
 
-def _compile(expect_body: str | None) -> re.Pattern[str] | None:
-    return re.compile(expect_body) if expect_body is not None else None
+def _compile(expect_body: str | None) -> BodyPattern | None:
+    # A job stored before patterns were checked by RE2 may hold one RE2 refuses: that
+    # attempt fails before anything is sent (see run).
+    return compile_pattern(expect_body) if expect_body is not None else None
 
 
 def _headers(attempt: Attempt) -> dict[str, str]:
@@ -167,7 +171,7 @@ def _charset(declared: str | None) -> str:
     return "utf-8"
 
 
-def _judge(response: _Response, expect_status: list[int], pattern: re.Pattern[str] | None) -> str | None:
+def _judge(response: _Response, expect_status: list[int], pattern: BodyPattern | None) -> str | None:
     """Why the response is a failure, or None when it is a success."""
     status = response.status
     assert status is not None  # the exchange completed

@@ -5,6 +5,12 @@ forks stays in a group we can signal as a whole. The attempt ends when the
 child exits; whatever it left running in its group is then stopped too, so no
 attempt outlives its run record (``concurrency: forbid`` depends on that).
 Stopping is SIGTERM to the group, then SIGKILL after a grace period.
+
+A shell job is not the agent: the child gets a clean environment (PATH, HOME and
+LANG, the job's ``env``, the identity variables of SPEC section 2, nothing else of the
+agent's, whose environment may hold the cluster secret and the API tokens), runs as
+the ``--shell-user`` when one is given (``ShellUser``), and has the job's
+``shell.limits`` set by ``setrlimit`` before it executes.
 """
 
 from __future__ import annotations
@@ -12,15 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
+import resource
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from scheduler.fields import Fields, Problems
+from scheduler.sections import SHELL_USER_PROCESSES, ShellLimits, parse_shell_limits
+
 from .base import OUTPUT_CAP, Attempt, Outcome, OutcomeStatus, identity
 
-__all__ = ["ShellExecutor", "OutputTail", "DISABLED_ERROR"]
+__all__ = ["ShellExecutor", "ShellUser", "OutputTail", "DISABLED_ERROR", "DEFAULT_PATH", "resolve_shell_user"]
 
 DISABLED_ERROR = "shell executor disabled on this node (start it with --allow-shell)"
 
@@ -35,6 +47,37 @@ _ENV_NAMES = {
 }
 
 _POLL = 0.05  # seconds between checks whether a signalled group has gone
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_DEFAULT_LANG = "C.UTF-8"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShellUser:
+    """Who shell jobs run as: resolved once at start, so a child never reads /etc/passwd."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups, as initgroups(3) would set them
+    home: str
+
+
+def resolve_shell_user(name: str) -> ShellUser:
+    """The user ``name`` (or a numeric uid); ``ValueError`` saying why it cannot be used."""
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, OverflowError) as exc:
+        raise ValueError(f"--shell-user {name!r}: no such user") from exc
+    if entry.pw_uid == 0:
+        raise ValueError(f"--shell-user {name!r} is root: name an unprivileged user")
+    if os.geteuid() != 0:
+        raise ValueError(
+            f"--shell-user {name!r} needs the agent to run as root (it switches to that user for "
+            f"every shell job), but it runs as uid {os.geteuid()}"
+        )
+    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return ShellUser(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir)
 
 
 def _utcnow() -> datetime:
@@ -127,13 +170,17 @@ class ShellExecutor:
         self,
         allow: bool = True,
         *,
+        user: ShellUser | None = None,
         kill_grace: float = 2.0,
         now: Callable[[], datetime] = _utcnow,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self._allow = allow
+        self._user = user
         self._grace = kill_grace
         self._now = now
         self._stopping: set[asyncio.Task[None]] = set()
+        self._base_env = _base_environment(os.environ if environ is None else environ, user)
 
     async def run(self, attempt: Attempt) -> Outcome:
         started = self._now()
@@ -163,6 +210,10 @@ class ShellExecutor:
         if not argv:
             return "empty command"
         cwd: str | None = spec.get("cwd")
+        user = self._user
+        if cwd is None and user is not None:
+            # The agent's own directory (its data) is not the job's to read.
+            cwd = user.home if os.path.isdir(user.home) else "/"
         tail = OutputTail()
         loop = asyncio.get_running_loop()
         eof: asyncio.Future[None] = loop.create_future()
@@ -182,13 +233,21 @@ class ShellExecutor:
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
-                env=_environment(attempt),
+                env=_environment(self._base_env, attempt),
                 cwd=cwd,
                 start_new_session=True,
+                # subprocess switches the user in the child between fork and exec (setgroups,
+                # setregid, setreuid), before preexec_fn runs.
+                user=user.uid if user is not None else None,
+                group=user.gid if user is not None else None,
+                extra_groups=list(user.groups) if user is not None else None,
+                preexec_fn=_limiter(_limits(spec.get("limits")), as_user=user is not None),
+                # The agent's umask (0o077) keeps its own files private; a job gets the usual one.
+                umask=0o022,
             )
         except BaseException as exc:
             pipe.close()
-            if isinstance(exc, (OSError, ValueError)):
+            if isinstance(exc, (OSError, ValueError, subprocess.SubprocessError)):
                 return _spawn_error(exc, argv[0], cwd)
             raise
         finally:
@@ -265,16 +324,61 @@ def _argv(command: Any) -> list[str]:
     return [str(part) for part in command or []]
 
 
-def _environment(attempt: Attempt) -> dict[str, str]:
-    """The agent's environment, then the job's, then the identity, which nothing overrides."""
-    env = dict(os.environ)
+def _base_environment(agent: Mapping[str, str], user: ShellUser | None) -> dict[str, str]:
+    """PATH, HOME and LANG, and nothing else of the agent's: its environment may hold the
+    cluster secret and the API tokens (RAFTCRON_SECRET, RAFTCRON_API_TOKEN, ...)."""
+    if user is not None:
+        home = user.home
+    else:
+        home = agent.get("HOME") or "/"
+    return {"PATH": agent.get("PATH") or DEFAULT_PATH, "HOME": home, "LANG": agent.get("LANG") or _DEFAULT_LANG}
+
+
+def _environment(base: Mapping[str, str], attempt: Attempt) -> dict[str, str]:
+    """The base, then the job's env, then the identity, which nothing overrides."""
+    env = dict(base)
     env.update({str(k): str(v) for k, v in (attempt.spec.get("env") or {}).items()})
     env.update({_ENV_NAMES[name]: value for name, value in identity(attempt).items()})
     return env
 
 
-def _spawn_error(exc: OSError | ValueError, executable: str, cwd: str | None) -> str:
-    if isinstance(exc, ValueError):  # e.g. an env name with '=' or a NUL byte
+def _limits(doc: Any) -> ShellLimits:
+    """The job's ``limits`` as stored (validated at put); the defaults when it has none."""
+    if not isinstance(doc, dict):
+        return ShellLimits()
+    problems = Problems()
+    limits = parse_shell_limits(Fields({"limits": doc}, "", ("limits",), problems))
+    return limits if not problems else ShellLimits()
+
+
+def _limiter(limits: ShellLimits, *, as_user: bool) -> Callable[[], None]:
+    """The preexec_fn setting ``limits`` in the child; the values are worked out here, in the
+    parent, so the child (forked from a threaded process) only makes setrlimit calls."""
+    wanted: list[tuple[int, int]] = [
+        (resource.RLIMIT_DATA, limits.memory),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+    ]
+    processes = limits.processes if limits.processes is not None else (SHELL_USER_PROCESSES if as_user else None)
+    if processes is not None:
+        wanted.append((resource.RLIMIT_NPROC, processes))
+    if limits.cpu is not None:
+        wanted.append((resource.RLIMIT_CPU, limits.cpu))
+    settings: list[tuple[int, int]] = []
+    for which, value in wanted:
+        _, hard = resource.getrlimit(which)
+        # Only ever lower: never above the agent's own hard limit (an unprivileged agent
+        # could not raise it, and a root one must not).
+        settings.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+
+    def set_limits() -> None:
+        for which, value in settings:
+            resource.setrlimit(which, (value, value))
+
+    return set_limits
+
+
+def _spawn_error(exc: OSError | ValueError | subprocess.SubprocessError, executable: str, cwd: str | None) -> str:
+    if not isinstance(exc, OSError):  # an env name with '=' or a NUL byte; a limit the child could not set
         return f"cannot start {executable!r}: {exc}"
     reason = exc.strerror or str(exc)
     # subprocess reports a failed chdir with the cwd as the filename.

@@ -43,7 +43,8 @@ FULL_HTTP: dict[str, Any] = {
 }
 FULL_SHELL: dict[str, Any] = {
     **{k: v for k, v in FULL_HTTP.items() if k != "http"}, "executor": "shell",
-    "shell": {"command": ["/usr/local/bin/report", "--full"], "env": {"REPORT_DIR": "/var/reports"}, "cwd": "/srv"},
+    "shell": {"command": ["/usr/local/bin/report", "--full"], "env": {"REPORT_DIR": "/var/reports"}, "cwd": "/srv",
+              "limits": {"processes": 64, "memory": "512Mi", "cpu": "10m", "open_files": 256}},
 }
 
 
@@ -208,14 +209,20 @@ def test_each_schema_property_is_a_field_the_model_knows(path: str) -> None:
     # and with only that property set (others at their defaults), it is still no unknown field
     base: dict[str, Any] = {"name": "x", "schedule": "@hourly", "executor": doc["executor"]}
     base[doc["executor"]] = {"command": "true"} if doc["executor"] == "shell" else {"url": "https://h.test/"}
-    head, _, rest = path.partition(".")
-    base[head] = ({**(base.get(head) or {}), rest: doc[head][rest]} if rest else doc[head])
+    *parents, leaf = path.split(".")
+    source: Any = doc
+    target: dict[str, Any] = base
+    for key in parents:  # nested sections (shell.limits) too
+        source = source[key]
+        target[key] = dict(target.get(key) or {})
+        target = target[key]
+    target[leaf] = source[leaf]
     assert not [p for p in problems_of(base) if p["field"] == path and p["message"] == "unknown field"]
 
 
 @pytest.mark.parametrize("path", [p for p, _ in object_paths(JOB_DOCUMENT)])
 def test_a_property_outside_the_schema_is_refused(path: str) -> None:
-    doc = copy.deepcopy(FULL_SHELL if path == "shell" else FULL_HTTP)
+    doc = copy.deepcopy(FULL_SHELL if path.startswith("shell") else FULL_HTTP)
     target = doc
     for key in filter(None, path.split(".")):
         target = target[key]

@@ -198,7 +198,7 @@ class Cluster:
     extra: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, tmp: Path, size: int = 3, *, secret: str = "cluster-test-secret",
+    def create(cls, tmp: Path, size: int = 3, *, secret: str = "cluster-test-secret-of-at-least-32-bytes",
                extra: list[str] | None = None, per_node: dict[int, list[str]] | None = None,
                secrets: dict[int, str] | None = None, faketime: Path | None = None) -> Cluster:
         """``faketime``: the libfaketime library to start every agent under, each with offset 0

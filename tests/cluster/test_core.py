@@ -88,7 +88,7 @@ def test_kill9_all_and_restart_keeps_every_acknowledged_write(make_cluster, comp
 
 
 def test_wrong_secret_cannot_join_and_says_why(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    c: Cluster = make_cluster(3, secrets={2: "not-the-cluster-secret"})
+    c: Cluster = make_cluster(3, secrets={2: "not-the-cluster-secret-but-just-as-long"})
     good = c.nodes[:2]
     bad = c.nodes[2]
     c.leader(among=good)

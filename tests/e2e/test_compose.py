@@ -110,11 +110,12 @@ class ComposeCluster:
         self.ports = dict(zip(NODES, free_ports(len(NODES)), strict=False))
         self.file = workdir / "docker-compose.e2e.yml"
         self.cmd = compose_command() or ["docker-compose"]
-        # A fresh secret per run, through the environment only. Compose reads .env from the
-        # project directory, the folder of the generated file (nothing there), and the shell's
-        # COMPOSE_*/RAFTCRON_* variables are dropped so a developer's settings do not leak in.
+        # No secret at all, as on a fresh checkout: the compose file's `secret` service makes
+        # one. Compose reads .env from the project directory, the folder of the generated file
+        # (nothing there), and the shell's COMPOSE_*/RAFTCRON_* variables are dropped so a
+        # developer's settings do not leak in.
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "RAFTCRON_"))}
-        self.env.update(RAFTCRON_IMAGE=image, RAFTCRON_SECRET=secrets.token_hex(32))
+        self.env.update(RAFTCRON_IMAGE=image)
         self.file.write_text(yaml.safe_dump(self._compose_doc(), sort_keys=False))
         self._ids: dict[str, str] = {}
         self.volumes: set[str] = set()  # every volume our containers mounted, anonymous ones too
@@ -126,10 +127,10 @@ class ComposeCluster:
         doc = json.loads(json.dumps(doc))  # no shared sub-objects: safe_dump would emit aliases
         services = doc["services"]
         assert set(NODES) <= set(services), f"docker-compose.yml has no services {NODES}: {list(services)}"
-        for name in NODES:
-            svc = services[name]
+        for svc in services.values():
             svc.pop("build", None)  # we run with --no-build; its relative context would point at tmp
-            svc["ports"] = [f"127.0.0.1:{self.ports[name]}:8001"]
+        for name in NODES:
+            services[name]["ports"] = [f"127.0.0.1:{self.ports[name]}:8001"]
         first = services[NODES[0]]
         services["sink"] = {
             "image": first["image"],
@@ -162,6 +163,10 @@ class ComposeCluster:
         self.compose("up", "-d", "--no-build")
         for service in (*NODES, "sink"):
             self.volumes |= {m["Name"] for m in self.inspect(service)["Mounts"] if m.get("Type") == "volume"}
+
+    def exec_python(self, service: str, code: str) -> str:
+        return run(["docker", "exec", self.container(service), "python", "-c", code], 30,
+                   f"python in {service}").stdout.strip()
 
     def container(self, service: str) -> str:
         if service not in self._ids:
@@ -363,6 +368,9 @@ def test_compose_cluster_survives_kill_partition_and_restart(cluster: ComposeClu
     c.up()
     leader = c.wait_healthy("the cluster after `up -d`")
     TIMINGS["up -d to a healthy cluster (empty volumes)"] = time.monotonic() - t0
+    # The nodes agree on a secret nobody gave them: the one the `secret` service generated.
+    secrets_seen = {c.exec_python(n, "print(open('/run/raftcron-secret/secret').read().strip())") for n in NODES}
+    assert len(secrets_seen) == 1 and len(secrets_seen.pop()) == 64, "one generated 32-byte hex secret"
     wait_for("the sink to listen (its 'listening' line in docker logs)", c.sink_listening, 30)
 
     # 4. the job

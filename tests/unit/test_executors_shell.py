@@ -74,13 +74,15 @@ async def test_string_command_runs_in_sh_with_stderr_merged() -> None:
     assert outcome.output == "one\ntwo\nTHREE\n"
 
 
-async def test_env_layers_agent_then_job_then_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_env_layers_base_then_job_then_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_ONLY", "from-agent")
     monkeypatch.setenv("REPORT_DIR", "agent-value")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     env = {"REPORT_DIR": "/var/reports", "RAFTCRON_JOB": "forged", "RAFTCRON_FENCING_TOKEN": "1"}
     outcome = await ShellExecutor().run(attempt(["env"], env=env))
     seen = dict(line.split("=", 1) for line in outcome.output.splitlines() if "=" in line)
-    assert seen["AGENT_ONLY"] == "from-agent"
+    assert "AGENT_ONLY" not in seen  # nothing of the agent's but PATH, HOME and LANG
+    assert seen["PATH"] == "/usr/bin:/bin"
     assert seen["REPORT_DIR"] == "/var/reports"
     assert seen["RAFTCRON_IDEMPOTENCY_KEY"] == "job@2026-12-01T10:00:00Z"
     assert seen["RAFTCRON_RUN_ID"] == "run-1"

@@ -441,9 +441,9 @@ def test_agent_rejects_a_bad_max_clock_skew(capsys: pytest.CaptureFixture[str]) 
 
     p = argparse.ArgumentParser()
     add_agent_arguments(p)
-    args = p.parse_args(["--node-id", "n1", "--raft-addr", "127.0.0.1:1", "--secret", "s"])
+    args = p.parse_args(["--node-id", "n1", "--raft-addr", "127.0.0.1:1", "--secret", "s" * 32])
     assert config_from_args(args).max_clock_skew == 0.5, "default 500ms"
-    args = p.parse_args(["--node-id", "n1", "--raft-addr", "127.0.0.1:1", "--secret", "s", "--max-clock-skew", "soon"])
+    args = p.parse_args(["--node-id", "n1", "--raft-addr", "127.0.0.1:1", "--secret", "s" * 32, "--max-clock-skew", "soon"])
     with pytest.raises(ValueError, match="--max-clock-skew 'soon'"):
         config_from_args(args)
 
