@@ -50,6 +50,7 @@ from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
 from .fsm import ApplyContext, StateMachine
 from .host import _Host
 from .journal import _DurableJournal, journal_factory
+from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
 from .snapshot import SnapshotWriter, read_snapshot
@@ -206,6 +207,8 @@ class RaftNode:
         name raftlog relies on.
         """
         check_pysyncobj()
+        soft, hard = raise_fd_limit()
+        log.info("open-file limit: %d (hard limit %d)", soft, hard)
         self._thread = threading.Thread(target=self._own, name="raftlog-owner", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):
