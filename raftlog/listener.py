@@ -21,9 +21,9 @@ What it adds:
   ``PREAUTH_FRAME_LIMIT`` bytes, and after that in ``FRAME_LIMIT``; a larger length
   prefix closes the connection as soon as its four bytes arrive, before any of the
   frame is buffered. A real peer's frames before that point are the two of the
-  handshake: measured 168 and 208 bytes with a 127.0.0.1 address (see
-  ``tests/unit/test_raft_listener.py``), about 250 with the longest host name a peer
-  address is likely to carry, well under the 1 KiB limit;
+  handshake, its random key and then its address: measured 232 and 272 bytes with
+  the 4-byte prefix, for a 127.0.0.1 address (252 for a 253-character host name, which
+  compresses well; see ``tests/unit/test_raft_listener.py``), well under 1 KiB;
 - a connection is authenticated once a frame decrypted with the cluster secret
   carried the random key this end chose for it (pysyncobj's handshake: a dialled
   peer's first answer carries it, an accepting end's second frame does). A first
@@ -64,7 +64,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, set_keepalive
 from pysyncobj.transport import TCPTransport
 
-__all__ = ["FRAME_LIMIT", "PREAUTH_FRAME_LIMIT", "FrameLimits", "GuardedConnection", "GuardedListener",
+__all__ = ["DEFAULT_LIMITS", "FRAME_LIMIT", "PREAUTH_FRAME_LIMIT", "FrameLimits", "GuardedConnection", "GuardedListener",
            "GuardedTransport", "raise_fd_limit"]
 
 log = logging.getLogger("raftcron.raft")
@@ -94,6 +94,9 @@ class FrameLimits:
     preauth: int = PREAUTH_FRAME_LIMIT
     authenticated: int = FRAME_LIMIT
     read_per_event: int = READ_PER_EVENT
+
+
+DEFAULT_LIMITS = FrameLimits()
 
 
 class _Throttled:
@@ -129,7 +132,7 @@ class GuardedConnection:
                  socket: socket.socket | None = None, timeout: float = 10.0,  # noqa: A002 - pysyncobj's keyword
                  sendBufferSize: int = 2**13, recvBufferSize: int = 2**13,  # noqa: N803
                  keepalive: tuple[int, int, int] | None = None,
-                 limits: FrameLimits = FrameLimits(), clock: Clock = time.monotonic) -> None:
+                 limits: FrameLimits = DEFAULT_LIMITS, clock: Clock = time.monotonic) -> None:
         self.sendRandKey: bytes | None = None  # noqa: N815 - pysyncobj's attribute names
         self.recvRandKey: bytes | None = None  # noqa: N815
         self.recvLastTimestamp = 0  # noqa: N815
@@ -391,7 +394,7 @@ class GuardedListener:
 
     def __init__(self, poller: Any, host: str, port: int, on_new_connection: Callable[[GuardedConnection], None],
                  *, send_buffer: int = 2**13, recv_buffer: int = 2**13, timeout: float = 3.5,
-                 keepalive: tuple[int, int, int] | None = None, limits: FrameLimits = FrameLimits(),
+                 keepalive: tuple[int, int, int] | None = None, limits: FrameLimits = DEFAULT_LIMITS,
                  max_pending: int = MAX_PENDING, clock: Clock = time.monotonic,
                  socket_factory: Callable[[int, int], socket.socket] = socket.socket) -> None:
         self._poller = poller
