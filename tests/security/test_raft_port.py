@@ -1,13 +1,14 @@
 """Attacks on the raft port of real agents, from outside, while a prober writes jobs.
 
 Three agents run with an open-file limit of 256 (see ``conftest``). Each attack goes to
-two of them (the leader among them); the prober writes through the third, so every
-write needs a link to an attacked node. Every attack asserts that the prober's writes
+two of them; the prober writes through the third, so every write needs a link to an
+attacked node. Every attack asserts that the prober's writes
 all commit, none slower than 2 s (the target is p99 under 100 ms; a shared 2-core box
 makes a tight bound flaky, so p50/p99/max are printed to be quoted), that the agents
 close every attacking connection within a bound, and that the attacked listeners still
-accept connections afterwards. The last test kills a follower with SIGKILL and checks it
-rejoins and catches up, which needs the attacked nodes' listeners.
+accept connections afterwards. After the idle-connection attack (the one that unbound
+pysyncobj's listener) the unattacked member is killed with SIGKILL and restarted: it
+rejoins and catches up only through the attacked nodes' listeners.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ class Prober:
                 f"p99 {p99 * 1000:.1f} ms, max {took[-1] * 1000:.1f} ms")
 
     def check(self) -> None:
-        print(self.report())
         failed = [status for _, status in self.results if status not in (200, 201)]
         assert len(self.results) >= 10, self.report()
         assert not failed, f"{len(failed)} writes failed (statuses {sorted(set(failed))}); {self.report()}"
@@ -88,17 +88,17 @@ class Prober:
 
 @dataclass(frozen=True)
 class Roles:
-    prober: Node  # not attacked; the follower with the largest address
-    attacked: tuple[Node, Node]  # the leader and the other follower
+    prober: Node  # not attacked: the member whose address sorts last
+    attacked: tuple[Node, Node]  # the two others
 
 
 def _roles(cluster: Cluster) -> Roles:
-    leader = cluster.leader()
-    followers = sorted((n for n in cluster.nodes if n is not leader), key=lambda n: n.raft_addr)
+    cluster.leader()  # everyone agrees on one first
     # pysyncobj dials a peer whose address sorts lower and waits for the others to dial it:
-    # the largest address dials both others, so its rejoin needs both attacked listeners.
-    prober = followers[-1]
-    return Roles(prober, (leader, followers[0]))
+    # the last address dials both others, so once restarted it reaches the cluster only
+    # through the attacked nodes' listeners.
+    ordered = sorted(cluster.nodes, key=lambda n: n.raft_addr)
+    return Roles(ordered[-1], (ordered[0], ordered[1]))
 
 
 @pytest.fixture
@@ -185,12 +185,13 @@ def _attack(cluster: Cluster, tag: str, attack: Callable[[Node], list[socket.soc
             # Let the prober write for a while under the attack, whatever its kind.
             wait_for("the prober's writes", lambda: time.monotonic() - prober_started > 3 and
                      len(prober.results) >= 10, 30)
+        print(prober.report())
+        for node in roles.attacked:
+            _assert_listening(node)
         assert not still, f"{tag}: {len(still)} of {len(socks)} attacking connections still open after {close_within} s"
     finally:
         _close_all(socks)
     prober.check()
-    for node in roles.attacked:
-        _assert_listening(node)
     return roles
 
 
@@ -304,11 +305,13 @@ def test_idle_connections_past_the_fd_limit(cluster: Cluster) -> None:
             time.sleep(0.1)  # sampling, not waiting for a condition
         print(f"idle: peak open files of the attacked agents: {peak}; connections that failed: {refused}")
 
-    _attack(cluster, "idle", attack, close_within=20, hold=hold, parallel=True)
+    roles = _attack(cluster, "idle", attack, close_within=20, hold=hold, parallel=True)
+    _rejoins_after_kill9(cluster, roles)
 
 
-def test_a_killed_follower_rejoins_after_the_attacks(cluster: Cluster) -> None:
-    roles = _roles(cluster)
+def _rejoins_after_kill9(cluster: Cluster, roles: Roles) -> None:
+    """SIGKILL the member that dials both attacked nodes, write without it, restart it: it
+    must reach them (their listeners) to rejoin and catch up."""
     victim = roles.prober
     victim.kill9()
     for i in range(5):
