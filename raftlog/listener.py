@@ -335,8 +335,10 @@ class GuardedConnection:
                 (length,) = _HEADER.unpack_from(buf, start)
                 limit = self._limits.authenticated if self.authenticated else self._limits.preauth
                 if length < 0 or length > limit:
-                    log.debug("raft connection closed: a frame of %d bytes announced (limit %d%s)",
-                              length, limit, "" if self.authenticated else ", not authenticated")
+                    # A stranger's is routine (debug); a peer's means a release or a bug to look at.
+                    log.log(logging.WARNING if self.authenticated else logging.DEBUG,
+                            "raft connection closed: a frame of %d bytes announced (limit %d%s)",
+                            length, limit, "" if self.authenticated else ", not authenticated")
                     self.disconnect()
                     return False
                 end = start + _HEADER.size + length
