@@ -3,9 +3,9 @@ replicated entry point taking bytes, a durable journal, msgpack snapshots writte
 the raft thread, the cluster secret, status, leadership events and the cluster's clock.
 
 Its parts, one concern each: ``journal`` (durable meta, sized file, durable journal),
-``transport`` (keepalives, per-peer batches), ``listener`` (the raft port against
-strangers: frame limits, unauthenticated connections swept and capped, a listener that
-survives running out of descriptors), ``pacing`` (when the raft thread sends,
+``transport`` (keepalives, per-peer batches), ``listener`` and ``connection`` (the raft
+port against strangers: frame limits, unauthenticated connections swept and capped, a
+listener that survives running out of descriptors), ``pacing`` (when the raft thread sends,
 what a follower takes), ``host`` (the SyncObj subclass), ``clock`` (peers' wall
 clocks), and ``pysyncobj_names``, the table of every pysyncobj private name they use,
 checked against the installed pysyncobj when a node starts.

@@ -2,8 +2,9 @@
 
 pysyncobj has no public hooks for what raftlog needs (a durable journal, eager
 AppendEntries, batched forwarding, the follower-side trim, a guarded raft port), so
-``journal``, ``pacing``, ``host``, ``transport``, ``listener`` and ``node`` read its name-mangled attributes,
-override and call its private methods and swap its module globals. A release that
+``journal``, ``pacing``, ``host``, ``transport``, ``listener``, ``connection`` and
+``node`` read its name-mangled attributes, override and call its private methods and
+swap its module globals. A release that
 renamed one would not fail at import: an override would silently never be called,
 a swap would silently change nothing. So the version is pinned exactly, and
 ``check_pysyncobj`` (called by ``RaftNode.start``) verifies each name below on the
@@ -93,9 +94,10 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_TRANSPORT, "_connections", "attribute", "our outgoing connection in place of its own"),
     PrivateName(_TRANSPORT, "_syncObj", "attribute", "the conf, the poller and the encryptor"),
     PrivateName(_TRANSPORT, "_selfNode", "attribute", "the address to bind without a bindAddress"),
+    PrivateName("pysyncobj.dns_resolver", "globalDnsResolver", "global", "resolves the bind address"),
+    # connection.GuardedConnection: pysyncobj's TcpConnection, same interface and wire format
     PrivateName("pysyncobj.tcp_connection", "CONNECTION_STATE", "global", "the states its transport reads"),
     PrivateName("pysyncobj.tcp_connection", "set_keepalive", "global", "TCP keepalive on our connections"),
-    PrivateName("pysyncobj.dns_resolver", "globalDnsResolver", "global", "resolves the bind address"),
     PrivateName("pysyncobj.pickle", "dumps", "global", "the wire encoding of a message"),
     PrivateName("pysyncobj.pickle", "loads", "global", "the wire decoding of a message"),
 )

@@ -1,14 +1,14 @@
-"""raftlog.listener with a stand-in poller and clock: frame limits before and after
+"""raftlog.listener with stand-in sockets, poller and clock: frame limits before and after
 authentication, the read buffer, the sweep and cap of unauthenticated connections, accept
 failures, and the open-file limit."""
 
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import resource
-import socket
 import struct
 import subprocess
 import sys
@@ -21,7 +21,8 @@ from pysyncobj.encryptor import getEncryptor
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raftlog.listener import DEFAULT_LIMITS, PREAUTH_FRAME_LIMIT, FrameLimits, GuardedConnection, GuardedListener
+from raftlog.connection import DEFAULT_LIMITS, PREAUTH_FRAME_LIMIT, FrameLimits, GuardedConnection
+from raftlog.listener import GuardedListener
 
 HEADER = struct.Struct("i")
 READ = POLL_EVENT_TYPE.READ
@@ -54,23 +55,67 @@ class Clock:
         return self.now
 
 
+_descriptors = itertools.count(1000)
+
+
+class FakeSocket:
+    """One end of an in-memory stream, with the part of a non-blocking socket's interface the
+    listener and its connections use."""
+
+    def __init__(self) -> None:
+        self._fd = next(_descriptors)
+        self.inbox = bytearray()
+        self.peer: FakeSocket | None = None
+        self.closed = False
+        self.peer_closed = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def recv(self, n: int) -> bytes:
+        if self.closed:
+            raise OSError(errno.EBADF, "closed")
+        if self.inbox:
+            chunk = bytes(self.inbox[:n])
+            del self.inbox[:n]
+            return chunk
+        if self.peer_closed:
+            return b""
+        raise BlockingIOError(errno.EAGAIN, "no data")
+
+    def send(self, data: bytes) -> int:
+        if self.closed or self.peer is None or self.peer.closed:
+            raise ConnectionResetError(errno.ECONNRESET, "reset")
+        self.peer.inbox += data
+        return len(data)
+
+    def sendall(self, data: bytes) -> None:
+        self.send(data)
+
+    def getsockopt(self, *args: Any) -> int:
+        return 0
+
+    def setsockopt(self, *args: Any) -> None:
+        pass
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self.peer is not None:
+            self.peer.peer_closed = True
+
+
+def _pair() -> tuple[FakeSocket, FakeSocket]:
+    a, b = FakeSocket(), FakeSocket()
+    a.peer, b.peer = b, a
+    return a, b
+
+
 @pytest.fixture
-def pairs() -> Iterator[Callable[[], tuple[socket.socket, socket.socket]]]:
-    """Connected TCP pairs on 127.0.0.1 (the listener sets TCP options on what it accepts)."""
-    made: list[socket.socket] = []
-    server = socket.create_server(("127.0.0.1", 0))
-    made.append(server)
-
-    def make() -> tuple[socket.socket, socket.socket]:
-        a = socket.create_connection(server.getsockname(), timeout=5)
-        b, _ = server.accept()
-        made.extend((a, b))
-        b.setblocking(False)
-        return a, b
-
-    yield make
-    for sock in made:
-        sock.close()
+def pairs() -> Callable[[], tuple[FakeSocket, FakeSocket]]:
+    return _pair
 
 
 class Received:
@@ -81,7 +126,7 @@ class Received:
         self.messages.append(message)
 
 
-def _incoming(poller: Poller, sock: socket.socket, limits: FrameLimits = DEFAULT_LIMITS,
+def _incoming(poller: Poller, sock: FakeSocket, limits: FrameLimits = DEFAULT_LIMITS,
               encryptor: Any = None, clock: Clock | None = None) -> tuple[GuardedConnection, Received]:
     got = Received()
     conn = GuardedConnection(poller, socket=sock, timeout=2.0, limits=limits, clock=clock or time.monotonic)
@@ -90,7 +135,7 @@ def _incoming(poller: Poller, sock: socket.socket, limits: FrameLimits = DEFAULT
     return conn, got
 
 
-def _wire(sender: GuardedConnection, sock: socket.socket, message: Any) -> bytes:
+def _wire(sender: GuardedConnection, sock: FakeSocket, message: Any) -> bytes:
     """What ``sender.send(message)`` puts on the wire, read from the other end of ``sock``."""
     sender.send(message)
     return _drain(sock)
@@ -112,7 +157,7 @@ def _encode(message: Any) -> bytes:
     return bytes(out)
 
 
-def _drain(sock: socket.socket) -> bytes:
+def _drain(sock: FakeSocket) -> bytes:
     out = bytearray()
     sock.setblocking(False)
     while True:
@@ -127,7 +172,7 @@ def _drain(sock: socket.socket) -> bytes:
 
 def test_a_real_peers_handshake_frames_fit_the_preauthentication_limit(pairs: Any) -> None:
     """The two frames a peer sends before it is authenticated: its random key, then its
-    address under the key it was given. Measured here; the figures are in listener's docstring."""
+    address under the key it was given. Measured here; the figures are in raftlog.connection's docstring."""
     poller = Poller()
     mine, theirs = pairs()
     conn = GuardedConnection(poller, socket=theirs)
@@ -315,10 +360,10 @@ class ListeningSocket:
     def __init__(self, pairs: Any) -> None:
         self._pairs = pairs
         self.script: list[int | None] = []  # None: a connection; an int: that error
-        self.accepted: list[socket.socket] = []  # the agent's ends
-        self.clients: list[socket.socket] = []  # the strangers' ends
+        self.accepted: list[FakeSocket] = []  # the agent's ends
+        self.clients: list[FakeSocket] = []  # the strangers' ends
         self.closed = False
-        self._fd = os.open(os.devnull, os.O_RDONLY)
+        self._fd = next(_descriptors)
 
     def fileno(self) -> int:
         return self._fd
@@ -336,11 +381,9 @@ class ListeningSocket:
         pass
 
     def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
         self.closed = True
 
-    def accept(self) -> tuple[socket.socket, Any]:
+    def accept(self) -> tuple[FakeSocket, Any]:
         if not self.script:
             raise BlockingIOError(errno.EAGAIN, "nothing waiting")
         step = self.script.pop(0)
@@ -366,7 +409,7 @@ def listener_parts(pairs: Any) -> Iterator[tuple[GuardedListener, ListeningSocke
     lsock.close()
 
 
-def _closed_by_agent(client: socket.socket) -> bool:
+def _closed_by_agent(client: FakeSocket) -> bool:
     client.setblocking(False)
     try:
         return client.recv(1) == b""
