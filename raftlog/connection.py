@@ -63,6 +63,7 @@ class FrameLimits:
 
 DEFAULT_LIMITS = FrameLimits()
 
+
 class GuardedConnection:
     """pysyncobj's ``TcpConnection``, same interface and wire format, with frame limits,
     a ``bytearray`` buffer and the notion of an authenticated connection.

@@ -194,13 +194,14 @@ def _attack(cluster: Cluster, tag: str, attack: Callable[[Node], list[socket.soc
                      len(prober.results) >= 10, 30)
         print(prober.report())
         problems = [why for why in map(_listening, roles.attacked) if why]
+        if still:
+            problems.append(f"{len(still)} of {len(socks)} attacking connections still open after {close_within} s")
         if after is not None:
             try:
                 after(roles)
             except AssertionError as exc:
                 problems.append(str(exc))
-        assert not still, f"{tag}: {len(still)} of {len(socks)} attacking connections still open after {close_within} s"
-        assert not problems, problems
+        assert not problems, f"{tag}: {problems}"
     finally:
         _close_all(socks)
     prober.check()
