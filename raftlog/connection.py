@@ -76,7 +76,8 @@ class GuardedConnection:
                  socket: socket.socket | None = None, timeout: float = 10.0,  # noqa: A002 - pysyncobj's keyword
                  sendBufferSize: int = 2**13, recvBufferSize: int = 2**13,  # noqa: N803
                  keepalive: tuple[int, int, int] | None = None,
-                 limits: FrameLimits = DEFAULT_LIMITS, clock: Clock = time.monotonic) -> None:
+                 limits: FrameLimits = DEFAULT_LIMITS, clock: Clock = time.monotonic,
+                 socket_factory: Callable[[int, int], socket.socket] = socket.socket) -> None:
         self.sendRandKey: bytes | None = None  # noqa: N815 - pysyncobj's attribute names
         self.recvRandKey: bytes | None = None  # noqa: N815
         self.recvLastTimestamp = 0  # noqa: N815
@@ -84,6 +85,7 @@ class GuardedConnection:
         self.authenticated = False
         self._clock = clock
         self._limits = limits
+        self._socket_factory = socket_factory  # for outgoing connections
         self._rbuf = bytearray()
         self._wbuf = bytearray()
         self._last_read = clock()
@@ -133,11 +135,22 @@ class GuardedConnection:
         self._state = CONNECTION_STATE.DISCONNECTED
         self._fileno = None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock = self._socket_factory(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            # Out of descriptors (EMFILE) most likely: pysyncobj would raise out of its tick;
+            # a failed attempt instead, retried after connectionRetryTime like any other.
+            log.warning("raft: cannot open a connection to %s:%d: %s", host, port, exc)
+            return False
         self._sock = sock
-        tune(sock, self._send_buffer, self._recv_buffer)
-        self._set_keepalive()
-        sock.setblocking(False)
+        try:
+            tune(sock, self._send_buffer, self._recv_buffer)
+            self._set_keepalive()
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            self._sock = None
+            return False
         self._rbuf = bytearray()
         self._wbuf = bytearray()
         self.authenticated = False

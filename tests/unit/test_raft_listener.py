@@ -534,3 +534,16 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
     assert returned == actual
     assert actual == [hard if hard != resource.RLIM_INFINITY else actual[0], hard]
     assert hard == resource.RLIM_INFINITY or actual[0] == hard
+
+
+def test_an_outgoing_connection_without_a_descriptor_is_a_failed_attempt() -> None:
+    """pysyncobj's connect raises EMFILE out of the raft tick; ours reports a failed attempt,
+    which its transport retries after connectionRetryTime."""
+    poller = Poller()
+
+    def no_descriptors(family: int, kind: int) -> FakeSocket:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    conn = GuardedConnection(poller, socket_factory=no_descriptors)  # type: ignore[arg-type]
+    assert conn.connect("127.0.0.1", 4321) is False
+    assert conn.state == CONNECTION_STATE.DISCONNECTED and conn.fileno() is None and not poller.subscribed
