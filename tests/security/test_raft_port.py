@@ -81,7 +81,7 @@ class Prober:
 
     def check(self) -> None:
         failed = [status for _, status in self.results if status not in (200, 201)]
-        assert len(self.results) >= 10, self.report()
+        assert len(self.results) >= 50, self.report()
         assert not failed, f"{len(failed)} writes failed (statuses {sorted(set(failed))}); {self.report()}"
         assert max(t for t, _ in self.results) < SLOWEST_WRITE, self.report()
 
@@ -190,8 +190,8 @@ def _attack(cluster: Cluster, tag: str, attack: Callable[[Node], list[socket.soc
                 hold(socks)
             still = _wait_closed_by_server(socks, close_within)
             # Let the prober write for a while under the attack, whatever its kind.
-            wait_for("the prober's writes", lambda: time.monotonic() - prober_started > 3 and
-                     len(prober.results) >= 10, 30)
+            wait_for("the prober's writes", lambda: time.monotonic() - prober_started > 5 and
+                     len(prober.results) >= 50, 60)
         print(prober.report())
         problems = [why for why in map(_listening, roles.attacked) if why]
         if still:
