@@ -429,7 +429,7 @@ def test_silent_unauthenticated_connections_are_closed_after_the_timeout(listene
     assert listener.pending == 2 and not any(_closed_by_agent(c) for c in lsock.clients)
     clock.now += 1.5  # past the 2 s timeout, and nothing ever happened on them
     listener.tick()
-    assert listener.pending == 0
+    assert listener.pending == 0 and listener.closed_unauthenticated == 2
     assert all(c.state == CONNECTION_STATE.DISCONNECTED for c in handed)
     assert all(_closed_by_agent(c) for c in lsock.clients)
 
@@ -479,6 +479,7 @@ def test_out_of_descriptors_backs_off_and_keeps_the_listener(listener_parts: Any
     lsock.script = [None, error]
     poller.fire(lsock.fileno(), READ)
     assert not lsock.closed, "the listening socket was closed"
+    assert listener.accept_failures == 1
     assert handed[0].state == CONNECTION_STATE.DISCONNECTED  # the stranger's descriptor given back
     assert lsock.fileno() not in poller.subscribed and not listener.accepting  # paused, not spinning
     clock.now += 1.0
