@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
+from .listener import GuardedTransport
 from .transport import _BatchingSends
 
 if TYPE_CHECKING:
@@ -23,7 +24,8 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         self._rc_owner = owner
         self._rc_batch = None  # see _rc_send
         self._rc_batch_peers = set()
-        super().__init__(self_addr, peers, conf)
+        # Our listener and connections in place of pysyncobj's: see raftlog.listener.
+        super().__init__(self_addr, peers, conf, transportClass=GuardedTransport)
         self._rc_take_send(self._SyncObj__transport)
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name

@@ -3,7 +3,9 @@ replicated entry point taking bytes, a durable journal, msgpack snapshots writte
 the raft thread, the cluster secret, status, leadership events and the cluster's clock.
 
 Its parts, one concern each: ``journal`` (durable meta, sized file, durable journal),
-``transport`` (keepalives, per-peer batches), ``pacing`` (when the raft thread sends,
+``transport`` (keepalives, per-peer batches), ``listener`` and ``connection`` (the raft
+port against strangers: frame limits, unauthenticated connections swept and capped, a
+listener that survives running out of descriptors), ``pacing`` (when the raft thread sends,
 what a follower takes), ``host`` (the SyncObj subclass), ``clock`` (peers' wall
 clocks), and ``pysyncobj_names``, the table of every pysyncobj private name they use,
 checked against the installed pysyncobj when a node starts.
@@ -50,6 +52,7 @@ from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
 from .fsm import ApplyContext, StateMachine
 from .host import _Host
 from .journal import _DurableJournal, journal_factory
+from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
 from .snapshot import SnapshotWriter, read_snapshot
@@ -206,6 +209,8 @@ class RaftNode:
         name raftlog relies on.
         """
         check_pysyncobj()
+        soft, hard = raise_fd_limit()
+        log.info("open-file limit: %d (hard limit %d)", soft, hard)
         self._thread = threading.Thread(target=self._own, name="raftlog-owner", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):

@@ -1,9 +1,10 @@
 """Every private pysyncobj name raftlog relies on, in one table, and the start-up check.
 
 pysyncobj has no public hooks for what raftlog needs (a durable journal, eager
-AppendEntries, batched forwarding, the follower-side trim), so ``journal``,
-``pacing``, ``host``, ``transport`` and ``node`` read its name-mangled attributes,
-override and call its private methods and swap its module globals. A release that
+AppendEntries, batched forwarding, the follower-side trim, a guarded raft port), so
+``journal``, ``pacing``, ``host``, ``transport``, ``listener``, ``connection`` and
+``node`` read its name-mangled attributes, override and call its private methods and
+swap its module globals. A release that
 renamed one would not fail at import: an override would silently never be called,
 a swap would silently change nothing. So the version is pinned exactly, and
 ``check_pysyncobj`` (called by ``RaftNode.start``) verifies each name below on the
@@ -45,6 +46,7 @@ class PrivateName:
 
 
 _SYNCOBJ = "SyncObj"
+_TRANSPORT = "TCPTransport"
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     # pacing._Pacer, node.RaftNode, pacing._contact_at: read and written on the raft thread
     PrivateName(_SYNCOBJ, "_SyncObj__transport", "attribute", "wrap its send and its receive callback"),
@@ -80,6 +82,24 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("pysyncobj.journal", "dumps", "global", "the meta file's encoding"),
     PrivateName("pysyncobj.syncobj", "createJournal", "global", "swapped while the SyncObj is constructed"),
     PrivateName("pysyncobj.pipe_notifier", "PipeNotifier", "global", "wakes the raft thread on a submit"),
+    # listener.GuardedTransport: pysyncobj's TCPTransport with our listener and connections
+    PrivateName(_TRANSPORT, "_createServer", "method", "overridden: our listener"),
+    PrivateName(_TRANSPORT, "_onTick", "method", "overridden: the listener's sweep each tick"),
+    PrivateName(_TRANSPORT, "_shouldConnect", "method", "whether addNode made an outgoing connection"),
+    PrivateName(_TRANSPORT, "_onNewIncomingConnection", "method", "the listener hands it accepted connections"),
+    PrivateName(_TRANSPORT, "_onOutgoingConnected", "method", "wired into our outgoing connections"),
+    PrivateName(_TRANSPORT, "_onMessageReceived", "method", "wired into our outgoing connections"),
+    PrivateName(_TRANSPORT, "_onDisconnected", "method", "wired into our outgoing connections"),
+    PrivateName(_TRANSPORT, "_server", "attribute", "our listener in place of its TcpServer"),
+    PrivateName(_TRANSPORT, "_connections", "attribute", "our outgoing connection in place of its own"),
+    PrivateName(_TRANSPORT, "_syncObj", "attribute", "the conf, the poller and the encryptor"),
+    PrivateName(_TRANSPORT, "_selfNode", "attribute", "the address to bind without a bindAddress"),
+    PrivateName("pysyncobj.dns_resolver", "globalDnsResolver", "global", "resolves the bind address"),
+    # connection.GuardedConnection: pysyncobj's TcpConnection, same interface and wire format
+    PrivateName("pysyncobj.tcp_connection", "CONNECTION_STATE", "global", "the states its transport reads"),
+    PrivateName("pysyncobj.tcp_connection", "set_keepalive", "global", "TCP keepalive on our connections"),
+    PrivateName("pysyncobj.pickle", "dumps", "global", "the wire encoding of a message"),
+    PrivateName("pysyncobj.pickle", "loads", "global", "the wire decoding of a message"),
 )
 
 
@@ -101,6 +121,10 @@ def _real_owners() -> dict[str, Any]:
         "pysyncobj.journal": journal,
         "pysyncobj.syncobj": syncobj,
         "pysyncobj.pipe_notifier": importlib.import_module("pysyncobj.pipe_notifier"),
+        "TCPTransport": importlib.import_module("pysyncobj.transport").TCPTransport,
+        "pysyncobj.tcp_connection": importlib.import_module("pysyncobj.tcp_connection"),
+        "pysyncobj.dns_resolver": importlib.import_module("pysyncobj.dns_resolver"),
+        "pysyncobj.pickle": importlib.import_module("pysyncobj.pickle"),
     }
 
 
