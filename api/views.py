@@ -9,6 +9,7 @@ from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
 from scheduler.planner import upcoming
 from scheduler.redaction import mask_spec
+from scheduler.runs import RunRecord
 from scheduler.state import State
 
 __all__ = ["iso", "job_view", "run_view", "explain_view", "next_slots"]
@@ -23,7 +24,7 @@ def iso(v: int | None) -> str | None:
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 
 
-def run_view(run: dict[str, Any], *, output: bool = True) -> dict[str, Any]:
+def run_view(run: RunRecord, *, output: bool = True) -> dict[str, Any]:
     started, finished = run["started_us"], run["finished_us"]
     view = {
         "id": run["id"], "job": run["job"], "slot": iso(run["slot_us"]), "attempt": run["attempt"],
@@ -70,7 +71,7 @@ def job_view(state: State, name: str, now_us: int, *, masked: bool = False) -> d
     }
 
 
-def _decision(run: dict[str, Any]) -> tuple[str, str]:
+def _decision(run: RunRecord) -> tuple[str, str]:
     st, trig = run["status"], run["trigger"]
     by = f"leader {run['leader']} in term {run['term']}"
     if st in ("skipped", "missed"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from .runs import RunRecord
 from .sections import AlertEvent
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def _wants(state: State, job_name: str, event: AlertEvent) -> bool:
     return job is not None and event in job.alerts.on
 
 
-def raise_alert(state: State, event: AlertEvent, run: dict[str, Any] | None, job: str, at_us: int, **extra: Any) -> None:
+def raise_alert(state: State, event: AlertEvent, run: RunRecord | None, job: str, at_us: int, **extra: Any) -> None:
     if not _wants(state, job, event):
         return
     state.alert_seq += 1
@@ -56,7 +57,7 @@ def raise_alert(state: State, event: AlertEvent, run: dict[str, Any] | None, job
     state.alerts[aid] = {
         "id": aid, "event": event, "job": job, "run_id": run["id"] if run else None,
         "slot_us": run["slot_us"] if run else extra.get("first_us"), "run_status": run["status"] if run else None,
-        "error": (run or {}).get("error") or extra.get("error"), "attempt": run["attempt"] if run else None,
+        "error": (run["error"] if run else None) or extra.get("error"), "attempt": run["attempt"] if run else None,
         "node": run["node"] if run else None, "created_us": at_us, "status": "pending", "attempts": 0,
         "next_us": at_us, "last_error": None, "delivered_us": None, "extra": extra,
     }
@@ -82,7 +83,7 @@ def _trim(state: State) -> None:
         del state.alerts[aid]
 
 
-def on_finished(state: State, run: dict[str, Any], rec: dict[str, Any], at_us: int) -> dict[str, Any]:
+def on_finished(state: State, run: RunRecord, rec: dict[str, Any], at_us: int) -> dict[str, Any]:
     """After a finish changed ``run``; returns the job record's alert fields updated."""
     job = state.job(run["job"])
     if job is None:
@@ -100,14 +101,15 @@ def on_finished(state: State, run: dict[str, Any], rec: dict[str, Any], at_us: i
     return rec
 
 
-def _duration_check(state: State, run: dict[str, Any], at_us: int) -> None:
+def _duration_check(state: State, run: RunRecord, at_us: int) -> None:
     if run["started_us"] is None or run["finished_us"] is None:
         return
     took = run["finished_us"] - run["started_us"]
     past = []
     for rid in reversed(state.job_runs.get(run["job"], [])):
         r = state.runs.get(rid)
-        if r is None or r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None:
+        if (r is None or r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None
+                or r["finished_us"] is None):  # a success always has both; the check is for mypy
             continue
         past.append(r["finished_us"] - r["started_us"])
         if len(past) == 20:
@@ -125,11 +127,11 @@ def on_missed(state: State, job: str, count: int, first_us: int, last_us: int, a
                 error=f"{count} slot(s) missed while no leader could dispatch")
 
 
-def on_dead(state: State, run: dict[str, Any], at_us: int) -> None:
+def on_dead(state: State, run: RunRecord, at_us: int) -> None:
     raise_alert(state, AlertEvent.DEAD, run, run["job"], at_us)
 
 
-def on_started(state: State, run: dict[str, Any], at_us: int) -> None:
+def on_started(state: State, run: RunRecord, at_us: int) -> None:
     job = state.job(run["job"])
     if job is None or run["started_us"] is None:
         return

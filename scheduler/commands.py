@@ -76,7 +76,11 @@ class Claim:
 
     ``status`` is ``claimed`` (dispatch to ``node``), or ``skipped`` /
     ``missed`` / ``failed`` (recorded, not dispatched; ``reason`` says why).
-    ``retry_of`` names the run a retry or a replay follows.
+    ``retry_of`` names the run a retry or a replay follows, ``upstream`` the
+    finished run a dependency claim answers, ``request_key`` the idempotency key
+    of a manual run (each recorded as the run's ``cause``). Entries written
+    before the two were split carry one ``cause`` field: ``decode_command`` reads
+    it as ``upstream`` for a dependency claim and as ``request_key`` otherwise.
     """
 
     job: str
@@ -87,7 +91,8 @@ class Claim:
     attempt: int = 1
     reason: str | None = None
     retry_of: str | None = None
-    cause: str | None = None  # dependency: the upstream run id; manual: the request key
+    upstream: str | None = None  # dependency: the upstream run id
+    request_key: str | None = None  # manual: the request's idempotency key
     not_before_us: int | None = None  # a retry claimed ahead: fire at its backoff instant, not at the slot
 
     def to_wire(self) -> dict[str, Any]:
@@ -240,7 +245,7 @@ def decode_command(raw: bytes) -> Command:
         value = env.data[name]
         if name == "claims":
             try:
-                value = tuple(Claim(**c) for c in value)
+                value = tuple(Claim(**_claim_args(c)) for c in value)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
             claim_fields = _wire_fields(Claim)
@@ -259,6 +264,22 @@ def decode_command(raw: bytes) -> Command:
         if unknown:
             raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
     return cls(**kwargs)
+
+
+def _claim_args(wire: Any) -> Any:
+    """A claim's wire fields as Claim's keywords, reading the ``cause`` field of entries written
+    before it was split (anything else is left for Claim to refuse)."""
+    if not isinstance(wire, dict) or "cause" not in wire:
+        return wire
+    args = dict(wire)
+    cause = args.pop("cause")
+    if cause is not None:
+        # As the ledger read it then: the upstream run of a dependency claim, else a request key.
+        key = "upstream" if args.get("trigger") == "dependency" else "request_key"
+        if args.get(key) is not None:
+            raise TypeError(f"both 'cause' and {key!r} given")  # reported as a malformed claim
+        args[key] = cause
+    return args
 
 
 _Check = Callable[[Any], bool]

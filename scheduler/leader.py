@@ -27,6 +27,7 @@ from .duration import format_instant
 from .errors import RaftcronError
 from .model import Concurrency, Job
 from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, from_us, plan_job
+from .runs import RunRecord
 from .service import Service
 from .state import Applied
 
@@ -138,7 +139,7 @@ class LeaderLoop:
         while self._heap and self._heap[0][0] <= now:
             names.add(heapq.heappop(self._heap)[1])
         scan = self._picker is None or mono - self._scanned >= self.cfg.scan
-        active: list[dict[str, Any]] = []
+        active: list[RunRecord] = []
         live: set[str] = set()
         if scan:
             # O(active attempts): not on every tick. Between scans the picker keeps
@@ -196,7 +197,7 @@ class LeaderLoop:
                     await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
                                                       runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
 
-    def _active_of(self, name: str) -> list[dict[str, Any]]:
+    def _active_of(self, name: str) -> list[RunRecord]:
         active = self.state.active
         return [r for rid in list(self.state.job_runs.get(name, ())) if rid in active and (r := self.state.runs.get(rid))]
 

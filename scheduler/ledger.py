@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
-from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL
+from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL, LateResult, RunRecord, RunStatus, Trigger
 from .sections import Delivery, DependsOnCondition
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def run_id_of(token: int) -> str:
 
 
 def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
-    created: list[dict[str, Any]] = []
+    created: list[RunRecord] = []
     refused: list[dict[str, Any]] = []
     fanned: set[tuple[str, Any]] = set()  # target.count > 1: one slot (or request), several nodes, one entry
     for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
@@ -60,20 +60,22 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
             refused.append({"job": c.job, "slot_us": c.slot_us, "trigger": c.trigger, "reason": why})
             continue
         token = token_of(index, pos)
-        run = {
+        run: RunRecord = {
             "id": run_id_of(token), "job": c.job, "slot_us": c.slot_us, "attempt": c.attempt,
-            "trigger": c.trigger, "status": c.status, "node": c.node if c.status == "claimed" else None,
+            # Admitted: both are known values (``_admissible``); the record holds the members.
+            "trigger": Trigger(c.trigger), "status": RunStatus(c.status),
+            "node": c.node if c.status == "claimed" else None,
             "claimed_us": cmd.at_us, "started_us": None, "finished_us": None, "lease_us": None,
             "exit_code": None, "http_status": None, "output": "", "error": c.reason,
             "token": token, "term": cmd.term, "leader": cmd.leader, "retry_of": c.retry_of,
-            "next": None, "cause": c.cause, "retry_at_us": None, "outcome": None,
+            "next": None, "cause": _cause_of(c), "retry_at_us": None, "outcome": None,
             "not_before_us": c.not_before_us,
         }
         _record(state, run, c)
         if c.trigger in SCHEDULED:
             fanned.add((c.job, c.slot_us))
-        elif c.trigger == "manual" and c.cause:
-            fanned.add(("manual", c.cause))
+        elif c.trigger == "manual" and c.request_key:
+            fanned.add(("manual", c.request_key))
         created.append(run)
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
     for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
@@ -84,7 +86,7 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     return {"runs": created, "refused": refused, "cancelled": cancelled}
 
 
-def _alert_missed(state: State, created: list[dict[str, Any]], cmd: ClaimSlots) -> None:
+def _alert_missed(state: State, created: list[RunRecord], cmd: ClaimSlots) -> None:
     """One missed alert per job per decision, however many slots it covers."""
     spans: dict[str, tuple[int, int, int]] = {}
     for run in created:
@@ -122,21 +124,27 @@ def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | N
             return f"run {prev['id']} is not a dead letter"
         return None
     if c.trigger == "manual":
-        if not c.cause:
+        if not c.request_key:
             return "a manual run needs a request key"
-        if ("manual", c.cause) in fanned:
+        if ("manual", c.request_key) in fanned:
             return None  # target.count > 1: the same request fanned out in this entry
-        if any(state.runs[r]["cause"] == c.cause for r in state.job_runs.get(c.job, ())):
+        if any(state.runs[r]["cause"] == c.request_key for r in state.job_runs.get(c.job, ())):
             return "this manual request was already recorded"
         return None
     if c.trigger == "dependency":
-        if f"{c.job}|{c.cause}" not in state.pending_deps:
+        if f"{c.job}|{c.upstream}" not in state.pending_deps:
             return "no pending dependency trigger"
         return None
     return f"unknown trigger {c.trigger!r}"
 
 
-def _record(state: State, run: dict[str, Any], c: Claim) -> None:
+def _cause_of(c: Claim) -> str | None:
+    """What the run records as its ``cause``: the upstream run of a dependency claim, else the
+    request key (a replayed entry written before the split decodes to the same, commands.py)."""
+    return c.upstream if c.trigger == "dependency" else c.request_key
+
+
+def _record(state: State, run: RunRecord, c: Claim) -> None:
     rid, job = run["id"], run["job"]
     state.runs[rid] = run
     state.job_runs.setdefault(job, []).append(rid)
@@ -151,7 +159,7 @@ def _record(state: State, run: dict[str, Any], c: Claim) -> None:
         state.active.pop(c.retry_of, None)
         state.dead.pop(c.retry_of, None)
     if c.trigger == "dependency":
-        state.pending_deps.pop(f"{c.job}|{c.cause}", None)
+        state.pending_deps.pop(f"{c.job}|{c.upstream}", None)
     if run["status"] == "claimed":
         state.active[rid] = None
     elif run["status"] == "failed":
@@ -184,7 +192,7 @@ def start(state: State, cmd: StartRuns) -> dict[str, Any]:
         if run is None or run["status"] != "claimed" or run["node"] != cmd.node:
             stale.append(rid)
             continue
-        state.runs[rid] = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
+        state.runs[rid] = {**run, "status": RunStatus.RUNNING, "started_us": cmd.started_us.get(rid, cmd.at_us),
                            "lease_us": cmd.lease_until_us}
         alerts.on_started(state, state.runs[rid], cmd.at_us)
         started.append(rid)
@@ -215,20 +223,21 @@ def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
             continue  # the same result resubmitted after an unknown outcome: already recorded
         if run["status"] not in ("claimed", "running") or run["node"] != cmd.node:
             # Principle 5: a late result is recorded but decides nothing.
-            state.runs[rid] = {**run, "late_result": {"status": r.get("status"), "finished_us": r.get("finished_us")}}
+            late: LateResult = {"status": r.get("status"), "finished_us": r.get("finished_us")}
+            state.runs[rid] = {**run, "late_result": late}
             stale.append(rid)
             continue
         finished.append(_finish_one(state, run, r, cmd.at_us))
     return {"finished": finished, "stale": stale}
 
 
-def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int) -> dict[str, Any]:
+def _finish_one(state: State, run: RunRecord, r: dict[str, Any], at_us: int) -> RunRecord:
     job = state.job(run["job"])
     rec = state.jobs[run["job"]]
     outcome = str(r.get("status"))
     started = run["started_us"] or r.get("started_us") or run["claimed_us"]
     finished = int(r.get("finished_us") or started)
-    new = {
+    new: RunRecord = {
         **run, "started_us": started, "finished_us": finished, "exit_code": r.get("exit_code"),
         "http_status": r.get("http_status"), "output": _cap(r.get("output") or ""), "error": r.get("error"),
         "outcome": outcome, "lease_us": None,
@@ -237,18 +246,18 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int
         alerts.on_started(state, new, at_us)  # finished before its start was reported
     failures = rec["consecutive_failures"]
     if outcome == "succeeded":
-        new["status"], failures = "succeeded", 0
+        new["status"], failures = RunStatus.SUCCEEDED, 0
     else:
         failures += 1
         retries = job.retries if job is not None else None
         if retries is not None and run["attempt"] <= retries.max:
             delay = retries.delay(run["attempt"])
-            new["status"], new["retry_at_us"] = "retrying", finished + int(delay * 1_000_000)
+            new["status"], new["retry_at_us"] = RunStatus.RETRYING, finished + int(delay * 1_000_000)
         elif retries is not None and retries.max > 0:
-            new["status"] = "dead"
+            new["status"] = RunStatus.DEAD
             state.dead[run["id"]] = None
         else:
-            new["status"] = outcome if outcome in ("failed", "timed_out") else "failed"
+            new["status"] = RunStatus.TIMED_OUT if outcome == "timed_out" else RunStatus.FAILED
     state.runs[run["id"]] = new
     if new["status"] != "retrying":
         state.active.pop(run["id"], None)
@@ -261,7 +270,7 @@ def _finish_one(state: State, run: dict[str, Any], r: dict[str, Any], at_us: int
     return new
 
 
-def _trigger_dependents(state: State, run: dict[str, Any]) -> None:
+def _trigger_dependents(state: State, run: RunRecord) -> None:
     ok = run["status"] == "succeeded"
     for name in state.dependents_of(run["job"]):
         job = state.job(name)
@@ -273,13 +282,13 @@ def _trigger_dependents(state: State, run: dict[str, Any]) -> None:
 
 
 def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None) -> dict[str, Any]:
-    lost = []
+    lost: list[RunRecord] = []
     for rid in run_ids:
         run = state.runs.get(rid)
         if run is None or run["status"] not in ("claimed", "running") or (node is not None and run["node"] != node):
             continue
         job = state.job(run["job"])
-        new = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
+        new: RunRecord = {**run, "status": RunStatus.LOST, "error": reason, "finished_us": at_us, "lease_us": None}
         at_least_once = job is not None and job.delivery is Delivery.AT_LEAST_ONCE
         limit = max(LOSS_ATTEMPTS, (job.retries.max + 1) if job is not None else 1)
         if at_least_once and run["attempt"] < limit:
@@ -287,7 +296,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
         else:
             state.active.pop(rid, None)
             if at_least_once:
-                new["status"] = "dead"
+                new["status"] = RunStatus.DEAD
                 new["error"] = f"{reason}; gave up after {run['attempt']} attempts"
                 state.dead[rid] = None
         state.runs[rid] = new
@@ -298,7 +307,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
     return {"lost": lost}
 
 
-def _final_loss(state: State, run: dict[str, Any], at_us: int) -> None:
+def _final_loss(state: State, run: RunRecord, at_us: int) -> None:
     """A loss nobody retries ends the slot as a failure: counted, alerted, dependents told."""
     rec = state.jobs.get(run["job"])
     if rec is None:
@@ -326,7 +335,7 @@ def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
     if run is None or rid not in state.active:
         return False
     state.active.pop(rid, None)
-    state.runs[rid] = {**run, "status": "cancelled", "error": reason, "finished_us": at_us, "lease_us": None}
+    state.runs[rid] = {**run, "status": RunStatus.CANCELLED, "error": reason, "finished_us": at_us, "lease_us": None}
     return True  # the caller trims history once it no longer needs the record
 
 

@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from .commands import Claim
 from .model import Job
+from .runs import RunRecord
 from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "upcoming", "due_retries",
@@ -142,7 +143,7 @@ def decides_ahead(job: Job) -> bool:
     return job.concurrency is Concurrency.ALLOW and not job.paused
 
 
-def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us: int,
+def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int,
              cfg: PlanConfig, picker: Picker) -> JobPlan:
     """``active``: the job's attempts in flight; only forbid and replace read them."""
     plan = JobPlan()
@@ -182,7 +183,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
     else:
         run_late = []
         _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
-    busy = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
+    busy: list[RunRecord | _ThisTick] = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
     due = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
     if job.concurrency is Concurrency.REPLACE and len(due) > 1:
         # Several slots due at once would replace each other in the same instant: run the newest.
@@ -195,7 +196,8 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us
     return plan
 
 
-def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[str, Any]], picker: Picker) -> None:
+def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[RunRecord | _ThisTick],
+              picker: Picker) -> None:
     mode = job.concurrency
     if busy and mode is Concurrency.FORBID:
         plan.claims.append(Claim(job=job.name, slot_us=slot, trigger=trigger, status="skipped",
@@ -216,6 +218,13 @@ def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[dict[
 _THIS_TICK = "(claimed in this decision)"
 
 
+class _ThisTick(TypedDict):
+    """A slot claimed earlier in the same decision, busy for forbid / replace like a record."""
+
+    id: str
+    status: str
+
+
 def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str, reason: str,
             cfg: PlanConfig) -> None:
     if not slots:
@@ -229,7 +238,7 @@ def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str
         plan.claims.append(Claim(job=job.name, slot_us=s, trigger=trigger, status=status, reason=reason))
 
 
-def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, picker: Picker,
+def due_retries(runs: list[RunRecord], jobs: dict[str, Job], now_us: int, picker: Picker,
                 horizon_us: int = 0) -> list[Claim]:
     """Attempts waiting for a retry (failed with retries left, or lost under at-least-once).
 
@@ -246,7 +255,7 @@ def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, p
         if job is None:
             continue
         nodes, why = picker.pick(job, avoid=run["node"])
-        base = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
+        base: dict[str, Any] = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
                     retry_of=run["id"], not_before_us=max(run["retry_at_us"], run["slot_us"]))
         if nodes:
             claims.append(Claim(node=nodes[0], **base))
@@ -255,7 +264,7 @@ def due_retries(runs: list[dict[str, Any]], jobs: dict[str, Job], now_us: int, p
     return claims
 
 
-def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig,
+def expired_runs(runs: list[RunRecord], now_us: int, cfg: PlanConfig,
                  live: set[str] | None = None) -> list[str]:
     """Invariant 4: a lease lapsed by the leader's clock plus a grace, or a claim never started.
 
@@ -279,7 +288,7 @@ def expired_runs(runs: list[dict[str, Any]], now_us: int, cfg: PlanConfig,
     return out
 
 
-def fire_at_us(run: dict[str, Any]) -> int:
+def fire_at_us(run: RunRecord) -> int:
     """When a claimed attempt is due to start: its slot, or its retry's backoff instant."""
     return int(max(run["slot_us"], run.get("not_before_us") or 0))
 
@@ -290,7 +299,7 @@ def dependency_claims(pending: list[dict[str, Any]], jobs: dict[str, Job], picke
         job = jobs.get(dep["job"])
         if job is None:
             continue
-        base = dict(job=dep["job"], slot_us=dep["slot_us"], trigger="dependency", cause=dep["upstream"])
+        base = dict(job=dep["job"], slot_us=dep["slot_us"], trigger="dependency", upstream=dep["upstream"])
         if job.paused:
             claims.append(Claim(status="skipped", reason="the job is paused", **base))
             continue

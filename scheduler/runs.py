@@ -23,6 +23,11 @@ until their next attempt is claimed they can still be cancelled. Whether one
 record is still live (a ``lost`` attempt under at-most-once is not retried, a
 ``retrying`` one whose retry was claimed is done) is ``State.active``, not its
 status.
+
+``RunRecord`` is the record itself: a ``TypedDict``, so ``mypy --strict`` checks
+every key read and written (``run["stauts"]`` is an error) while a record stays
+a plain dict at run time, which is what msgpack packs into snapshots and what
+keeps a million of them affordable until history gets a packed form.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any, NotRequired, TypedDict, cast
 
 __all__ = [
     "ACTIVE", "CLAIM_STATUSES", "FOLLOWS", "RUN_STATUSES", "SCHEDULED", "TERMINAL", "TRANSITIONS",
-    "RunStatus", "Trigger",
+    "LateResult", "RunRecord", "RunStatus", "Trigger", "restore_run",
 ]
 
 
@@ -88,3 +94,61 @@ SCHEDULED = frozenset({Trigger.SCHEDULE, Trigger.CATCHUP})
 
 RUN_STATUSES: tuple[str, ...] = tuple(s.value for s in RunStatus)
 """Every status in SPEC order, as plain strings: the API's status filter, metric labels, the CLI."""
+
+
+class LateResult(TypedDict):
+    """A result reported after its attempt was decided otherwise: recorded, deciding nothing."""
+
+    status: str | None  # as the node reported it, not a status this record took
+    finished_us: int | None
+
+
+class RunRecord(TypedDict):
+    """One attempt of one slot, as the ledger keeps it (``State.runs``) and snapshots it.
+
+    Records are replaced, never mutated in place: a change is a new dict,
+    ``{**run, "status": RunStatus.RUNNING}``. ``status`` and ``trigger`` hold enum
+    members; a record read back from a snapshot gets them again in ``restore_run``
+    (msgpack gives plain strings), so ``is`` comparisons and ``match`` hold for
+    every record, not only for those applied since the last restart.
+    """
+
+    id: str  # run_id_of(token)
+    job: str
+    slot_us: int
+    attempt: int  # 1 for the first attempt of a slot
+    trigger: Trigger
+    status: RunStatus
+    node: str | None  # the node it was dispatched to; None when decided without running
+    claimed_us: int
+    started_us: int | None
+    finished_us: int | None
+    lease_us: int | None  # running: the lease's end; None once it ended
+    exit_code: int | None
+    http_status: int | None
+    output: str
+    error: str | None
+    token: int  # the fencing token
+    term: int  # of the leader that claimed it
+    leader: str
+    retry_of: str | None  # the attempt this one follows (a retry or a replay)
+    next: str | None  # the attempt that follows this one
+    cause: str | None  # dependency: the upstream run id; manual: the request key
+    retry_at_us: int | None
+    outcome: str | None  # the status its node reported, before retries decided the record's status
+    not_before_us: int | None
+    late_result: NotRequired[LateResult]
+    dead_deleted: NotRequired[bool]  # a dead letter an operator deleted: kept as history only
+
+
+_STATUS_OF: Mapping[str, RunStatus] = {s.value: s for s in RunStatus}
+_TRIGGER_OF: Mapping[str, Trigger] = {t.value: t for t in Trigger}
+
+
+def restore_run(raw: dict[str, Any]) -> RunRecord:
+    """A record as msgpack gives it back from a snapshot, with its enums restored (in place:
+    the dict is fresh from the unpacker). A plain dict lookup, not ``RunStatus(value)``:
+    restore meets every record of the history."""
+    raw["status"] = _STATUS_OF[raw["status"]]
+    raw["trigger"] = _TRIGGER_OF[raw["trigger"]]
+    return cast(RunRecord, raw)  # the keys are the ledger's own, as claim() wrote them

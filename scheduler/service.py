@@ -34,6 +34,7 @@ from .errors import Conflict, NotFound, OutcomeUnknown, RaftcronError, Unavailab
 from .jobrules import check_body_pattern
 from .model import Job
 from .planner import NodeInfo, Picker, us
+from .runs import RunRecord
 from .state import Applied, State
 
 __all__ = ["Service"]
@@ -151,7 +152,7 @@ class Service:
 
     # ---- runs ---------------------------------------------------------------------
 
-    def picker(self, live: set[str], active: list[dict[str, Any]] | None = None) -> Picker:
+    def picker(self, live: set[str], active: list[RunRecord] | None = None) -> Picker:
         """Nodes as the planner sees them; ``active`` saves re-reading the ledger when the caller has it."""
         nodes = [
             NodeInfo(n["node_id"], dict(n["tags"]), bool(n["allow_shell"]), n["node_id"] in live)
@@ -177,7 +178,8 @@ class Service:
         slot = now if retry_of is None else self.state.runs[retry_of]["slot_us"]
         attempt = 1 if retry_of is None else self.state.runs[retry_of]["attempt"] + 1
         nodes, why = self.picker(live).pick(job, count=job.target.count)
-        base: dict[str, Any] = dict(job=name, slot_us=slot, trigger=trigger, cause=key, retry_of=retry_of, attempt=attempt)
+        base: dict[str, Any] = dict(job=name, slot_us=slot, trigger=trigger, request_key=key, retry_of=retry_of,
+                                     attempt=attempt)
         claims = tuple(Claim(node=n, **base) for n in nodes) or (Claim(status="failed", reason=why, **base),)
         cmd = ClaimSlots(at_us=now, leader=f"api:{self.node_id}", term=self.node.status().term, claims=claims)
         result, _ = await self.propose(cmd)
@@ -191,17 +193,18 @@ class Service:
             raise Conflict(result["refused"][0]["reason"] if result["refused"] else "the run was refused")
         return str(runs[0]["id"])
 
-    def _job_runs(self, name: str) -> list[dict[str, Any]]:
+    def _job_runs(self, name: str) -> list[RunRecord]:
         return [r for rid in list(self.state.job_runs.get(name, ())) if (r := self.state.runs.get(rid))]
 
-    async def cancel(self, run_id: str) -> dict[str, Any]:
+    async def cancel(self, run_id: str) -> RunRecord:
         result, retried = await self.propose(CancelRun(at_us=self.now_us(), run_id=run_id))
         if isinstance(result, Rejected):
             run = self.state.runs.get(run_id)
             if retried and run is not None and run["status"] == "cancelled":
-                return dict(run)
+                return run.copy()
             self._raise(result)
-        return dict(result["cancelled"])
+        cancelled: RunRecord = result["cancelled"]
+        return cancelled.copy()
 
     async def replay(self, run_id: str, live: set[str]) -> str:
         run = self.state.runs.get(run_id)

@@ -45,6 +45,7 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
+from .runs import RunRecord, restore_run
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION"]
 
@@ -66,7 +67,7 @@ class State:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
-        self.runs: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, RunRecord] = {}
         self.job_runs: dict[str, list[str]] = {}
         self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
         self.dead: dict[str, None] = {}
@@ -174,7 +175,7 @@ class State:
             self._parsed[name] = parsed
         return parsed
 
-    def active_runs(self) -> list[dict[str, Any]]:
+    def active_runs(self) -> list[RunRecord]:
         """The records of the attempts in flight (claimed, running, or waiting for a retry)."""
         return [r for rid in list(self.active) if (r := self.runs.get(rid)) is not None]
 
@@ -335,7 +336,7 @@ class State:
         self.last_noop = meta.get("last_noop") or {}
         self.jobs = dict(sections.get("jobs", []))
         self.nodes = dict(sections.get("nodes", []))
-        self.runs = dict(sections.get("runs", []))
+        self.runs = {rid: restore_run(run) for rid, run in sections.get("runs", [])}  # enums back from strings
         self.job_runs = {k: list(v) for k, v in sections.get("job_runs", [])}
         self.active = dict.fromkeys(sections.get("active", []))
         self.dead = dict.fromkeys(sections.get("dead", []))

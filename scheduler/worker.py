@@ -43,6 +43,7 @@ from .errors import RaftcronError
 from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
 from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us, from_us, us
+from .runs import RunRecord
 from .service import Service
 from .skew import ClusterTime, leader_lead_us, not_before_local_us
 from .state import Applied
@@ -117,7 +118,7 @@ class Worker:
         elif isinstance(cmd, ExpireRuns):
             self._stop_attempts([r["id"] for r in result["lost"] if r["node"] == self.me], "lease expired")
 
-    def _schedule(self, run: dict[str, Any]) -> None:
+    def _schedule(self, run: RunRecord) -> None:
         rid = run["id"]
         if rid in self._tasks:
             return
@@ -137,7 +138,7 @@ class Worker:
 
     # ---- one attempt ------------------------------------------------------------------
 
-    async def _fire(self, run: dict[str, Any]) -> None:
+    async def _fire(self, run: RunRecord) -> None:
         rid = run["id"]
         if not await self._reach_instant(run):
             return
@@ -192,7 +193,7 @@ class Worker:
                      f" ({outcome.error})" if outcome.error else "")
         self._kick.set()
 
-    async def _reach_instant(self, run: dict[str, Any]) -> bool:
+    async def _reach_instant(self, run: RunRecord) -> bool:
         """Wait until the leader's clock has certainly reached the attempt's instant, with
         this node's clock trusted; False (the attempt declined) if that did not come in time.
 

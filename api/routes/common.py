@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from scheduler.errors import NotFound, ValidationFailed
+from scheduler.runs import RunRecord
 
 from ..context import CTX, ApiContext
 from ..routing import decode_cursor, encode_cursor
@@ -126,12 +127,12 @@ def cursor_int(args: dict[str, Any]) -> int | None:
 
 
 def runs_page(ctx: ApiContext, ids: list[str], args: dict[str, Any],
-              keep: Callable[[dict[str, Any]], bool] = lambda run: True) -> dict[str, Any]:
+              keep: Callable[[RunRecord], bool] = lambda run: True) -> dict[str, Any]:
     """Newest first: ``ids`` are in ledger order (token order); the cursor is a token."""
     after = cursor_int(args)
     limit = args.get("limit") or DEFAULT_LIMIT
     status = args.get("status")
-    items: list[dict[str, Any]] = []
+    items: list[RunRecord] = []
     for rid in reversed(ids):
         run = ctx.state.runs.get(rid)
         if run is None or (after is not None and run["token"] >= after):

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from scheduler.errors import NotFound
 from scheduler.planner import us
-from scheduler.runs import RUN_STATUSES
+from scheduler.runs import RUN_STATUSES, RunRecord
 
 from ..routing import Param, Route
 from ..views import run_view
@@ -29,7 +29,7 @@ async def _list_runs(request: web.Request, args: dict[str, Any]) -> web.Response
                         and (until is None or run["slot_us"] <= until)))
 
 
-def _run(request: web.Request, run_id: str) -> dict[str, Any]:
+def _run(request: web.Request, run_id: str) -> RunRecord:
     run = ctx_of(request).state.runs.get(run_id)
     if run is None:
         raise NotFound(f"no run with id {run_id!r}")

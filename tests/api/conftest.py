@@ -155,7 +155,7 @@ class Cluster:
         """Commit one claim on n1 as a leader would; returns the run id."""
         now = us(self.service.clock.now())
         c = Claim(job=job, slot_us=now if slot_us is None else slot_us, trigger=trigger, node=NODE,
-                  attempt=attempt, retry_of=retry_of, cause=uuid.uuid4().hex)
+                  attempt=attempt, retry_of=retry_of, request_key=uuid.uuid4().hex)
         result = await self.commit(ClaimSlots(at_us=now, leader="test", term=1, claims=(c,)))
         assert result["runs"], f"claim refused: {result['refused']}"
         return str(result["runs"][0]["id"])

@@ -50,9 +50,9 @@ SAMPLES: dict[str, Command] = {
         claims=(
             Claim(job="ping", slot_us=T0 + 60_000_000, trigger="schedule", node="n2"),
             Claim(job="ping", slot_us=T0, trigger="retry", status="claimed", node="n3", attempt=2,
-                  reason=None, retry_of="r10000", cause=None, not_before_us=T0 + 10_000_000),
+                  reason=None, retry_of="r10000", request_key=None, not_before_us=T0 + 10_000_000),
             Claim(job="other", slot_us=T0, trigger="dependency", status="failed", reason="no live node",
-                  cause="r20001"),
+                  upstream="r20001"),
         ),
         cancel=("r30000", "r30001"),
         summaries=({"job": "ping", "status": "missed", "count": 70, "first_us": 1, "last_us": 2, "reason": "gap"},),
@@ -116,7 +116,7 @@ def test_claims_come_back_as_a_tuple_of_claims() -> None:
     back = decode_command(encode_command(SAMPLES["claim_slots"]))
     assert isinstance(back, ClaimSlots)
     assert isinstance(back.claims, tuple) and all(isinstance(c, Claim) for c in back.claims)
-    assert back.claims[1].retry_of == "r10000" and back.claims[2].cause == "r20001"
+    assert back.claims[1].retry_of == "r10000" and back.claims[2].upstream == "r20001"
     assert isinstance(back.cancel, tuple) and isinstance(back.summaries, tuple)
 
 

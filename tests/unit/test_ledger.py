@@ -88,7 +88,7 @@ def test_recorded_decisions_also_decide_the_slot(h: Any) -> None:
     (Claim(job="ping", slot_us=T0 + MIN, trigger="schedule", node="n9"), "unknown node 'n9'"),
     (Claim(job="ping", slot_us=T0 + MIN, trigger="schedule", node=None), "unknown node None"),
     (Claim(job="ping", slot_us=T0 + MIN, trigger="cron", node="n1"), "unknown trigger 'cron'"),
-    (Claim(job="ping", slot_us=T0, trigger="dependency", node="n1", cause="r1"), "no pending dependency trigger"),
+    (Claim(job="ping", slot_us=T0, trigger="dependency", node="n1", upstream="r1"), "no pending dependency trigger"),
     (Claim(job="ping", slot_us=T0, trigger="retry", node="n1", attempt=2, retry_of="r404"),
      "not the current attempt of its slot"),
     (Claim(job="ping", slot_us=T0, trigger="replay", node="n1", attempt=2, retry_of="r404"),
@@ -175,8 +175,8 @@ def test_summaries_advance_the_job_and_are_counted(h: Any) -> None:
 ])
 def test_manual_claims_are_deduplicated_by_request_key(h: Any, first: str, second: str, admitted: bool) -> None:
     h.put("ping", schedule="@manually")
-    h.claim_one("ping", T0, trigger="manual", cause=first)
-    out = h.claim(Claim(job="ping", slot_us=T0 + 1, trigger="manual", node="n1", cause=second))
+    h.claim_one("ping", T0, trigger="manual", request_key=first)
+    out = h.claim(Claim(job="ping", slot_us=T0 + 1, trigger="manual", node="n1", request_key=second))
     assert len(out["runs"]) == int(admitted)
     if not admitted:
         assert out["refused"][0]["reason"] == "this manual request was already recorded"
@@ -573,7 +573,7 @@ def test_dependency_claim_consumes_the_trigger_once(h: Any) -> None:
     h.put("down", schedule=None, depends_on={"job": "up"})
     run = h.claim_one("up", slot(1))
     h.finish("n1", run["id"], "succeeded", slot(1) + SEC)
-    dep = Claim(job="down", slot_us=slot(1), trigger="dependency", node="n2", cause=run["id"])
+    dep = Claim(job="down", slot_us=slot(1), trigger="dependency", node="n2", upstream=run["id"])
     out = h.claim(dep, dep)  # the same trigger twice, even in one entry: decided once
     assert len(out["runs"]) == 1 and out["refused"][0]["reason"] == "no pending dependency trigger"
     assert out["runs"][0]["cause"] == run["id"] and h.state.pending_deps == {}
@@ -668,10 +668,10 @@ def test_cancelling_a_run_that_history_then_trims_still_answers_it(h: Any) -> No
 
 def test_manual_fan_out_runs_one_request_on_several_nodes(h: Any) -> None:
     h.put("ping", schedule="@manually", target={"count": 2})
-    out = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", cause="req-9"),
-                  Claim(job="ping", slot_us=T0, trigger="manual", node="n2", cause="req-9"))
+    out = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", request_key="req-9"),
+                  Claim(job="ping", slot_us=T0, trigger="manual", node="n2", request_key="req-9"))
     assert [r["node"] for r in out["runs"]] == ["n1", "n2"]
-    again = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", cause="req-9"))
+    again = h.claim(Claim(job="ping", slot_us=T0, trigger="manual", node="n1", request_key="req-9"))
     assert again["runs"] == [] and again["refused"][0]["reason"] == "this manual request was already recorded"
 
 

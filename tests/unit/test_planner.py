@@ -376,7 +376,7 @@ def test_dependency_claims() -> None:
                {"job": "picky", "upstream": "r1", "slot_us": t(11, 0)},
                {"job": "gone", "upstream": "r1", "slot_us": t(11, 0)}]
     claims = dependency_claims(pending, jobs, picker())
-    assert [(c.job, c.trigger, c.status, c.node, c.cause, c.slot_us) for c in claims] == [
+    assert [(c.job, c.trigger, c.status, c.node, c.upstream, c.slot_us) for c in claims] == [
         ("down", "dependency", "claimed", "n1", "r1", t(11, 0)),
         ("quiet", "dependency", "skipped", None, "r1", t(11, 0)),
         ("picky", "dependency", "failed", None, "r1", t(11, 0)),

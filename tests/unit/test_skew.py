@@ -106,7 +106,7 @@ async def _setup(estimate: ClockEstimate | None) -> tuple[FakeClock, State, Skew
 
 async def _claim(service: Service, slot: datetime, key: str = "k1") -> str:
     result, _ = await service.propose(ClaimSlots(at_us=us(LOCAL0), leader="n1", term=1, claims=(
-        Claim(job="tick", slot_us=us(slot), trigger="manual", node="n1", cause=key),)))
+        Claim(job="tick", slot_us=us(slot), trigger="manual", node="n1", request_key=key),)))
     return str(result["runs"][0]["id"])
 
 

@@ -173,7 +173,7 @@ def test_pause_sets_spec_note_and_cancels_future_unstarted_claims(h: Any) -> Non
     h.start("n1", running["id"], at_us=slot(1))
     future1 = h.claim_one("ping", slot(2))
     future2 = h.claim_one("ping", slot(3), node="n2")
-    manual = h.claim_one("ping", slot(4), trigger="manual", cause="req-1")  # not a schedule claim: kept
+    manual = h.claim_one("ping", slot(4), trigger="manual", request_key="req-1")  # not a schedule claim: kept
     at = slot(1) + 30 * SEC
     out = h.ok(PauseJob(at_us=at, name="ping", paused=True, note="db maintenance"))
     assert out == {"name": "ping", "paused": True, "version": 2, "cancelled": [future1["id"], future2["id"]]}

@@ -199,7 +199,7 @@ class Driver:
             if deps:
                 d = deps[k % len(deps)]
                 return Claim(job=d["job"], slot_us=d["slot_us"], trigger="dependency", status=status,
-                             node=node_or_none, cause=d["upstream"])
+                             node=node_or_none, upstream=d["upstream"])
         if trigger in ("retry", "replay", "dependency") and k % 4:
             trigger = "schedule"  # nothing to follow up: mostly a plain slot instead
         cause = f"req-{k % 3}" if trigger == "manual" else None
@@ -207,7 +207,7 @@ class Driver:
         last = rec["last_slot_us"] if rec is not None and rec["last_slot_us"] is not None else T0
         # Slots sit on minute boundaries, as a cron job's do, whatever instant the job was last reset to.
         return Claim(job=job, slot_us=T0 + ((last - T0) // MIN + offset) * MIN, trigger=trigger, status=status,
-                     node=node_or_none, cause=cause)
+                     node=node_or_none, request_key=cause)
 
 
 def check_invariants(s: State) -> None:
