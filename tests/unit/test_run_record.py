@@ -11,7 +11,6 @@ from raftlog.codec import CodecError, encode
 from scheduler.commands import Claim, ClaimSlots, decode_command, encode_command
 from scheduler.runs import RunStatus, Trigger
 from scheduler.state import Applied, State
-
 from tests.unit.conftest import SEC, T0, Harness, slot
 
 # A claim as entries carried it before the split: every field of the old Claim, ``cause`` included.
