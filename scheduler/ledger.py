@@ -20,7 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
-from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL, LateResult, RunRecord, RunStatus, Trigger
+from .runs import (
+    ACTIVE,
+    CLAIM_STATUSES,
+    SCHEDULED,
+    STATUS_OF,
+    TERMINAL,
+    TRIGGER_OF,
+    LateResult,
+    RunRecord,
+    RunStatus,
+)
 from .sections import Delivery, DependsOnCondition
 
 if TYPE_CHECKING:
@@ -63,7 +73,7 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         run: RunRecord = {
             "id": run_id_of(token), "job": c.job, "slot_us": c.slot_us, "attempt": c.attempt,
             # Admitted: both are known values (``_admissible``); the record holds the members.
-            "trigger": Trigger(c.trigger), "status": RunStatus(c.status),
+            "trigger": TRIGGER_OF[c.trigger], "status": STATUS_OF[c.status],
             "node": c.node if c.status == "claimed" else None,
             "claimed_us": cmd.at_us, "started_us": None, "finished_us": None, "lease_us": None,
             "exit_code": None, "http_status": None, "output": "", "error": c.reason,

@@ -39,7 +39,7 @@ from typing import Any, NotRequired, TypedDict, cast
 
 __all__ = [
     "ACTIVE", "CLAIM_STATUSES", "FOLLOWS", "RUN_STATUSES", "SCHEDULED", "TERMINAL", "TRANSITIONS",
-    "LateResult", "RunRecord", "RunStatus", "Trigger", "restore_run",
+    "STATUS_OF", "TRIGGER_OF", "LateResult", "RunRecord", "RunStatus", "Trigger", "restore_run",
 ]
 
 
@@ -141,14 +141,15 @@ class RunRecord(TypedDict):
     dead_deleted: NotRequired[bool]  # a dead letter an operator deleted: kept as history only
 
 
-_STATUS_OF: Mapping[str, RunStatus] = {s.value: s for s in RunStatus}
-_TRIGGER_OF: Mapping[str, Trigger] = {t.value: t for t in Trigger}
+STATUS_OF: Mapping[str, RunStatus] = {s.value: s for s in RunStatus}
+TRIGGER_OF: Mapping[str, Trigger] = {t.value: t for t in Trigger}
+"""Members by value: a dict lookup is ~25x cheaper than ``RunStatus(value)`` on the apply path."""
 
 
 def restore_run(raw: dict[str, Any]) -> RunRecord:
     """A record as msgpack gives it back from a snapshot, with its enums restored (in place:
     the dict is fresh from the unpacker). A plain dict lookup, not ``RunStatus(value)``:
     restore meets every record of the history."""
-    raw["status"] = _STATUS_OF[raw["status"]]
-    raw["trigger"] = _TRIGGER_OF[raw["trigger"]]
+    raw["status"] = STATUS_OF[raw["status"]]
+    raw["trigger"] = TRIGGER_OF[raw["trigger"]]
     return cast(RunRecord, raw)  # the keys are the ledger's own, as claim() wrote them
