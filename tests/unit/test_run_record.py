@@ -96,3 +96,11 @@ def test_records_hold_enum_members_when_applied_and_after_a_restore(h: Any) -> N
     assert _enums_only(restored) == [(RunStatus, Trigger)]
     assert restored.runs == h.state.runs
     assert restored.snapshot_bytes() == h.state.snapshot_bytes()  # members pack as their plain strings
+
+
+def test_a_snapshot_run_with_an_unknown_status_is_refused_by_name(h: Any) -> None:
+    h.put("ping")
+    run = h.claim_one("ping", slot(1))
+    h.state.runs[run["id"]] = {**run, "status": "paused"}  # no such status: a newer build's, or corruption
+    with pytest.raises(CodecError, match="unknown status or trigger 'paused'"):
+        State().restore(h.state.snapshot_bytes())
