@@ -192,7 +192,7 @@ class _ScrapeCollector:
         yield _gauge("has_quorum", "1 while this node sees a majority", 1 if st.has_quorum else 0)
         yield _clock_offsets(st, m.state)
         state = m.state
-        by_status: Tally[str] = Tally(r["status"] for r in list(state.runs.values()))
+        by_status = Tally(r["status"] for r in list(state.runs.values()))
         ledger = GaugeMetricFamily(PREFIX + "ledger_runs", "Runs held in the ledger now, by status",
                                    labels=("status",))
         for status in RUN_STATUSES:

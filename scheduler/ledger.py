@@ -20,17 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
-from .runs import (
-    ACTIVE,
-    CLAIM_STATUSES,
-    SCHEDULED,
-    STATUS_OF,
-    TERMINAL,
-    TRIGGER_OF,
-    LateResult,
-    RunRecord,
-    RunStatus,
-)
+from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
 
 if TYPE_CHECKING:
@@ -72,9 +62,7 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         token = token_of(index, pos)
         run: RunRecord = {
             "id": run_id_of(token), "job": c.job, "slot_us": c.slot_us, "attempt": c.attempt,
-            # Admitted: both are known values (``_admissible``); the record holds the members.
-            "trigger": TRIGGER_OF[c.trigger], "status": STATUS_OF[c.status],
-            "node": c.node if c.status == "claimed" else None,
+            "trigger": c.trigger, "status": c.status, "node": c.node if c.status == "claimed" else None,
             "claimed_us": cmd.at_us, "started_us": None, "finished_us": None, "lease_us": None,
             "exit_code": None, "http_status": None, "output": "", "error": c.reason,
             "token": token, "term": cmd.term, "leader": cmd.leader, "retry_of": c.retry_of,
@@ -202,7 +190,7 @@ def start(state: State, cmd: StartRuns) -> dict[str, Any]:
         if run is None or run["status"] != "claimed" or run["node"] != cmd.node:
             stale.append(rid)
             continue
-        state.runs[rid] = {**run, "status": RunStatus.RUNNING, "started_us": cmd.started_us.get(rid, cmd.at_us),
+        state.runs[rid] = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
                            "lease_us": cmd.lease_until_us}
         alerts.on_started(state, state.runs[rid], cmd.at_us)
         started.append(rid)
@@ -256,18 +244,18 @@ def _finish_one(state: State, run: RunRecord, r: dict[str, Any], at_us: int) -> 
         alerts.on_started(state, new, at_us)  # finished before its start was reported
     failures = rec["consecutive_failures"]
     if outcome == "succeeded":
-        new["status"], failures = RunStatus.SUCCEEDED, 0
+        new["status"], failures = "succeeded", 0
     else:
         failures += 1
         retries = job.retries if job is not None else None
         if retries is not None and run["attempt"] <= retries.max:
             delay = retries.delay(run["attempt"])
-            new["status"], new["retry_at_us"] = RunStatus.RETRYING, finished + int(delay * 1_000_000)
+            new["status"], new["retry_at_us"] = "retrying", finished + int(delay * 1_000_000)
         elif retries is not None and retries.max > 0:
-            new["status"] = RunStatus.DEAD
+            new["status"] = "dead"
             state.dead[run["id"]] = None
         else:
-            new["status"] = RunStatus.TIMED_OUT if outcome == "timed_out" else RunStatus.FAILED
+            new["status"] = outcome if outcome in ("failed", "timed_out") else "failed"
     state.runs[run["id"]] = new
     if new["status"] != "retrying":
         state.active.pop(run["id"], None)
@@ -298,7 +286,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
         if run is None or run["status"] not in ("claimed", "running") or (node is not None and run["node"] != node):
             continue
         job = state.job(run["job"])
-        new: RunRecord = {**run, "status": RunStatus.LOST, "error": reason, "finished_us": at_us, "lease_us": None}
+        new: RunRecord = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
         at_least_once = job is not None and job.delivery is Delivery.AT_LEAST_ONCE
         limit = max(LOSS_ATTEMPTS, (job.retries.max + 1) if job is not None else 1)
         if at_least_once and run["attempt"] < limit:
@@ -306,7 +294,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
         else:
             state.active.pop(rid, None)
             if at_least_once:
-                new["status"] = RunStatus.DEAD
+                new["status"] = "dead"
                 new["error"] = f"{reason}; gave up after {run['attempt']} attempts"
                 state.dead[rid] = None
         state.runs[rid] = new
@@ -345,7 +333,7 @@ def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
     if run is None or rid not in state.active:
         return False
     state.active.pop(rid, None)
-    state.runs[rid] = {**run, "status": RunStatus.CANCELLED, "error": reason, "finished_us": at_us, "lease_us": None}
+    state.runs[rid] = {**run, "status": "cancelled", "error": reason, "finished_us": at_us, "lease_us": None}
     return True  # the caller trims history once it no longer needs the record
 
 

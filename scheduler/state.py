@@ -45,7 +45,7 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
-from .runs import RunRecord, restore_run
+from .runs import RunRecord
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION"]
 
@@ -336,10 +336,7 @@ class State:
         self.last_noop = meta.get("last_noop") or {}
         self.jobs = dict(sections.get("jobs", []))
         self.nodes = dict(sections.get("nodes", []))
-        try:
-            self.runs = {rid: restore_run(run) for rid, run in sections.get("runs", [])}  # enums back from strings
-        except KeyError as exc:
-            raise CodecError(f"state snapshot holds a run with an unknown status or trigger {exc}") from exc
+        self.runs = dict(sections.get("runs", []))
         self.job_runs = {k: list(v) for k, v in sections.get("job_runs", [])}
         self.active = dict.fromkeys(sections.get("active", []))
         self.dead = dict.fromkeys(sections.get("dead", []))
