@@ -245,7 +245,7 @@ def decode_command(raw: bytes) -> Command:
         value = env.data[name]
         if name == "claims":
             try:
-                value = tuple(Claim(**_claim_args(c)) for c in value)
+                value = tuple(Claim(**(_claim_args(c) if "cause" in c else c)) for c in value)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
             claim_fields = _wire_fields(Claim)
@@ -269,7 +269,7 @@ def decode_command(raw: bytes) -> Command:
 def _claim_args(wire: Any) -> Any:
     """A claim's wire fields as Claim's keywords, reading the ``cause`` field of entries written
     before it was split (anything else is left for Claim to refuse)."""
-    if not isinstance(wire, dict) or "cause" not in wire:
+    if not isinstance(wire, dict):
         return wire
     args = dict(wire)
     cause = args.pop("cause")
@@ -310,6 +310,9 @@ def _checker(annotation: str) -> _Check:
     once per text (decoding runs on every replica for every entry)."""
     if " | " in annotation:
         options = tuple(_checker(a) for a in annotation.split(" | "))
+        if len(options) == 2:  # ``X | None``, nearly all of them: no generator per value
+            first, second = options
+            return lambda v: first(v) or second(v)
         return lambda v: any(c(v) for c in options)
     if annotation == "Any":
         return lambda v: True
