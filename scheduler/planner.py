@@ -255,8 +255,9 @@ def due_retries(runs: list[RunRecord], jobs: dict[str, Job], now_us: int, picker
         if job is None:
             continue
         nodes, why = picker.pick(job, avoid=run["node"])
-        base: dict[str, Any] = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry", attempt=run["attempt"] + 1,
-                    retry_of=run["id"], not_before_us=max(run["retry_at_us"], run["slot_us"]))
+        base: dict[str, Any] = dict(job=run["job"], slot_us=run["slot_us"], trigger="retry",
+                                    attempt=run["attempt"] + 1, retry_of=run["id"],
+                                    not_before_us=max(run["retry_at_us"], run["slot_us"]))
         if nodes:
             claims.append(Claim(node=nodes[0], **base))
         else:
