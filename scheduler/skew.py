@@ -69,9 +69,15 @@ class ClusterTime:
     it reads the local clock, the best there is.
     """
 
-    def __init__(self, clock: Clock, source: Callable[[], ClockEstimate | None]) -> None:
+    def __init__(self, clock: Clock, source: Callable[[], ClockEstimate | None],
+                 lead_us: Callable[[], int] | None = None) -> None:
+        """``lead_us``: how far the leader recorded its own clock ahead of its followers'
+        median (``leader_lead_us``; 0 unless it recorded itself skewed). The cluster's time is
+        the leader's clock less that lead, as the leader plans by (``SkewWatch.planning_now_us``),
+        so leases and start times reported from here compare with the leader's plans."""
         self.clock = clock
         self._source = source
+        self._lead_us = lead_us
         self._last: ClockEstimate | None = None
 
     def estimate(self) -> ClockEstimate | None:
@@ -90,7 +96,10 @@ class ClusterTime:
         self.estimate()
         last = self._last
         local = self.clock.now()
-        return local if last is None else local + timedelta(seconds=last.offset)
+        lead = self._lead_us() if self._lead_us is not None else 0
+        if last is None:
+            return local
+        return local + timedelta(seconds=last.offset, microseconds=-lead)
 
     def now_us(self) -> int:
         return us(self.now())
