@@ -113,8 +113,8 @@ def _floor(rec: dict[str, Any] | None) -> int | None:
         return None
     last, since = rec["last_slot_us"], rec.get("spec_since_us")
     if last is None:
-        return since
-    return last if since is None else max(last, since)
+        return None if since is None else int(since)
+    return int(last) if since is None else max(int(last), int(since))
 
 
 def _alert_missed(state: State, created: list[dict[str, Any]], summaries: list[dict[str, Any]], at_us: int) -> None:

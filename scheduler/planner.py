@@ -150,9 +150,9 @@ def walk_from_us(rec: dict[str, Any]) -> int:
     the start of its schedule in force, whichever is later (records from before
     ``spec_since_us`` existed count from their creation)."""
     since = rec.get("spec_since_us")
-    start = rec["created_us"] if since is None else since
+    start = int(rec["created_us"] if since is None else since)
     last = rec["last_slot_us"]
-    return start if last is None else max(last, start)
+    return start if last is None else max(int(last), start)
 
 
 def plan_job(job: Job, rec: dict[str, Any], active: list[dict[str, Any]], now_us: int,

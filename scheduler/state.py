@@ -79,6 +79,10 @@ class State:
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
         self._offered: dict[bytes, tuple[PutJob, Job]] = {}  # see offer()
         self._offer: Job | None = None  # the offered parse for the entry being applied
+        # Local to this replica, never snapshotted, never read by apply: the leader loop on
+        # this node notes a job it cannot plan here (message, job version, instant) so that
+        # the job's view on this node shows why its slots are not being decided.
+        self.planning_errors: dict[str, dict[str, Any]] = {}
 
     # ---- the entry point ---------------------------------------------------
 
