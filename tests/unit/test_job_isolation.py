@@ -1,4 +1,5 @@
-"""One job cannot stop the others (issue 12, bug 5): the leader, and the job views."""
+"""One job cannot stop the others (issue 12, bug 5): the leader and the job views; and a retried
+report never stops its own attempt (bug 3). Leader, worker and service on the in-memory node."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.views import job_view
+from scheduler.commands import StartRuns
+from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.planner import us
 from scheduler.state import State
 from tests.unit.test_simulation import _job, _sim
@@ -69,3 +72,32 @@ def test_a_stored_document_that_no_longer_parses_still_has_a_view(h: Any) -> Non
     view = job_view(h.state, "ping", us(datetime(2026, 6, 1, tzinfo=UTC)))
     assert view is not None and "ValidationFailed" in view["error"] and "starts_at" in view["error"]
     assert view["spec"]["starts_at"] == "9999-12-31T23:59:59Z"
+
+
+async def test_a_retried_start_report_that_had_committed_leaves_the_attempt_running() -> None:
+    """Issue 12, bug 3: the worker resubmits StartRuns after an unknown outcome; if the first copy
+    committed, the second must not fence the attempt (before: stale, executor cancelled, lost, run again)."""
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    starts: list[StartRuns] = []
+    sim.node.hooks.append(lambda a: starts.append(a.command) if isinstance(a.command, StartRuns) else None)
+
+    async def run(attempt: Attempt) -> Outcome:
+        began = sim.clock.now()
+        sim.executor.fired.append((attempt, began))
+        await sim.clock.sleep(3.0)
+        return Outcome(status=OutcomeStatus.SUCCEEDED, started_at=began, finished_at=sim.clock.now())
+
+    sim.worker.executors["http"].run = run  # type: ignore[method-assign]
+    try:
+        await sim.put(_job("long", "@at 2026-06-01T12:00:05Z"))
+        for _ in range(6):
+            await sim.step(1.0)
+        assert len(starts) == 1
+        result, _ = await sim.service.propose(starts[0])  # the same report, committed a second time
+        assert result["stale"] == [] and result["already"] == list(starts[0].runs)
+        for _ in range(10):
+            await sim.step(1.0)
+        assert [(r["attempt"], r["status"]) for r in sim.state.runs.values()] == [(1, "succeeded")]
+        assert [a.attempt for a, _ in sim.executor.fired] == [1]
+    finally:
+        await sim.close()
