@@ -68,7 +68,7 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     floors = {s.get("job", ""): _floor(state.jobs.get(s.get("job", ""))) for s in cmd.summaries}
     fanned: set[tuple[str, Any]] = set()  # target.count > 1: one slot (or request), several nodes, one entry
     for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
-        why = _admissible(state, c, fanned)
+        why = _admissible(state, c, fanned, cmd.at_us)
         if why is not None:
             refused.append({"job": c.job, "slot_us": c.slot_us, "trigger": c.trigger, "reason": why})
             continue
@@ -94,7 +94,8 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     summaries = []
     for s in cmd.summaries:
         floor = floors.get(s.get("job", ""))
-        if floor is not None and s["first_us"] <= floor:
+        since = (state.jobs.get(s.get("job", "")) or {}).get("spec_since_us")
+        if floor is not None and (s["first_us"] <= floor or (since is not None and cmd.at_us < since)):
             # A plan made before an edit or another leader's decision: those slots are
             # decided already, or precede the schedule in force. Counting them would be a
             # second decision (or a missed alert for slots the new schedule never had).
@@ -135,7 +136,7 @@ def _alert_missed(state: State, created: list[dict[str, Any]], summaries: list[d
 CLAIM_STATUSES = frozenset({"claimed", "skipped", "missed", "failed"})
 
 
-def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | None:
+def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]], planned_us: int) -> str | None:
     rec = state.jobs.get(c.job)
     if rec is None:
         return "no such job"
@@ -150,6 +151,11 @@ def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | N
         since = rec.get("spec_since_us")
         if since is not None and c.slot_us <= since:
             return "slot before the job's schedule in force (created or changed after it)"
+        if since is not None and planned_us < since:
+            # Planned from the job's previous schedule, committed after the edit: its slots
+            # after the edit are the old schedule's, and deciding one would hide the new
+            # schedule's slots before it. The next plan, from the new schedule, decides them.
+            return "planned before the job's schedule changed"
         return None
     if c.trigger in ("retry", "replay"):
         prev = state.runs.get(c.retry_of or "")

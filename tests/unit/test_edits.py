@@ -72,6 +72,21 @@ def test_a_stale_plan_cannot_record_slots_before_the_edit(h: Any) -> None:
     assert h.state.jobs["daily"]["missed_total"] == 0 and records(h, "daily") == Counter({at(0): 1})
 
 
+def test_a_plan_made_before_an_edit_and_committed_after_it_is_refused(h: Any) -> None:
+    # Every 2 s, then every second: the old plan's 00:00:02, admitted, would hide the new 00:00:01.
+    h.put("ping", at_us=at(0), schedule="*/2 * * * * *")
+    job, rec = h.state.job("ping"), h.state.jobs["ping"]
+    assert job is not None
+    picker = Picker([NodeInfo("n1", {}, False, True)], {})
+    stale = plan_job(job, rec, [], at(0) + SEC // 2, PlanConfig(), picker)
+    assert [c.slot_us for c in stale.claims] == [at(0, 0, 2)]
+    h.put("ping", at_us=at(0) + 7 * SEC // 10, schedule="* * * * * *")
+    out = h.ok(ClaimSlots(at_us=at(0) + SEC // 2, leader="n1", term=1, claims=stale.claims))
+    assert out["runs"] == [] and [r["reason"] for r in out["refused"]] == ["planned before the job's schedule changed"]
+    plan(h, "ping", at(0) + 8 * SEC // 10)
+    assert records(h, "ping") == Counter({at(0, 0, 1): 1, at(0, 0, 2): 1})
+
+
 def test_every_schedule_field_edit_starts_the_new_schedule_at_its_instant(h: Any) -> None:
     h.put("ping", at_us=at(0))
     plan(h, "ping", at(0, 1))

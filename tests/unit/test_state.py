@@ -122,8 +122,8 @@ def test_a_schedule_edit_withdraws_future_claims_once_and_starts_the_new_schedul
     rec = h.state.jobs["ping"]
     assert rec["spec_since_us"] == at and rec["last_slot_us"] == slot(2)
     # The withdrawn slot stays its one record: the new schedule's slot 2 is not decided again.
-    assert h.claim(Claim(job="ping", slot_us=slot(2), trigger="schedule", node="n1"))["runs"] == []
-    assert h.claim_one("ping", slot(4))["status"] == "claimed"
+    assert h.claim(Claim(job="ping", slot_us=slot(2), trigger="schedule", node="n1"), at_us=at)["runs"] == []
+    assert h.claim_one("ping", slot(4), at_us=at)["status"] == "claimed"
     note = h.state.notes["ping"][-1]
     assert note["at_us"] == at and note["decision"] == "changed"
     assert "schedule '* * * * *' -> '*/2 * * * *'" in note["reason"] and "1 slot(s)" in note["reason"]
@@ -244,8 +244,8 @@ def test_withdrawal_keeps_a_decided_slot_even_when_the_new_spec_trims_it_away(h:
     assert h.state.jobs["ping"]["last_slot_us"] == slot(5)
     assert len(h.state.job_runs["ping"]) == 1  # the new keep applies at once
     for n in (3, 4, 5):
-        assert h.claim(Claim(job="ping", slot_us=slot(n), trigger="schedule", node="n1"))["runs"] == []
-    assert len(h.claim(Claim(job="ping", slot_us=slot(6), trigger="schedule", node="n1"))["runs"]) == 1
+        assert h.claim(Claim(job="ping", slot_us=slot(n), trigger="schedule", node="n1"), at_us=slot(1))["runs"] == []
+    assert len(h.claim(Claim(job="ping", slot_us=slot(6), trigger="schedule", node="n1"), at_us=slot(1))["runs"]) == 1
 
 
 def test_other_transitions(h: Any) -> None:
