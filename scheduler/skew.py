@@ -291,6 +291,8 @@ class SkewWatch:
         which workers hold attempts back): a node elected with a clock 30 s ahead must not
         record the next 30 s of slots as late, nor one 3 s behind claim every slot 3 s late."""
         verdict = self._verdict
+        if verdict is None and self._ready():
+            verdict = self.check()  # the loop's first tick after its barrier: judge now, not at the next round
         if verdict is None:
             return None
         now = self.svc.now_us()
@@ -308,14 +310,21 @@ class SkewWatch:
         # Start from what earlier leaders recorded, so a recovery from their judgement is
         # reported and their reports are not repeated: wait until this term's barrier (the
         # leader loop commits it) is applied here.
-        while node.is_leader() and self.state.last_noop.get("term") != term:
+        while node.is_leader() and not self._ready():
             await self.clock.sleep(self.interval)
-        self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
-                                 unmeasured_grace=self.unmeasured_grace, settle=self.settle)
         while node.is_leader():
             self.check()
             await self._commit(term)
             await self.clock.sleep(self.interval)
+
+    def _ready(self) -> bool:
+        """Whether this term's barrier is applied here; the guard then starts from what it found."""
+        if self._guard is None:
+            if self.state.last_noop.get("term") != self.svc.node.status().term:
+                return False
+            self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
+                                     unmeasured_grace=self.unmeasured_grace, settle=self.settle)
+        return True
 
     def check(self) -> SkewVerdict | None:
         """Judge now; None before ``run`` has read what earlier leaders recorded."""

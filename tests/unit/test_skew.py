@@ -597,8 +597,8 @@ async def test_a_leader_with_a_far_clock_plans_by_its_followers_median_and_not_b
     the median of its followers' clocks, once that is judged and its own record committed."""
     clock, state, node, service = await _cluster()
     watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
-    assert watch.planning_now_us() is None, "nothing is planned before the clocks are judged"
     node.clocks = {"mem:1": _est(0), "mem:2": _est(-leader_ahead), "mem:3": _est(-leader_ahead + 0.01)}
+    assert watch.planning_now_us() is None, "judged skewed: nothing is planned before its lead is recorded"
     task = asyncio.create_task(watch.run())
     try:
         await _settle()
