@@ -29,7 +29,7 @@ from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
 from scheduler.executors.shell import ShellUser, resolve_shell_user
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
-from scheduler.skew import ClusterTime, parse_max_skew
+from scheduler.skew import ClusterTime, leader_lead_us, parse_max_skew
 from scheduler.state import State
 
 from .app import create_app
@@ -148,12 +148,16 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         # Executors and worker read the cluster's time (the leader's clock), see scheduler.skew.
-        self.cluster_time = ClusterTime(self.clock, self._offset_to_leader)
+        self.cluster_time = ClusterTime(self.clock, self._offset_to_leader, self._leader_lead_us)
         self.http = HttpExecutor(now=self.cluster_time.now)
         self.metrics: Metrics | None = None
 
     def _offset_to_leader(self) -> ClockEstimate | None:
         return self.node.clock_offset_to_leader() if self.node is not None else None
+
+    def _leader_lead_us(self) -> int:
+        leader = self.node.leader() if self.node is not None else None
+        return leader_lead_us(self.state.clocks, self.state.nodes, leader)[0]
 
     # ---- lifecycle ---------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ COMPONENTS: dict[str, Any] = {
     "JobDocument": JOB_DOCUMENT,
     "Job": {"type": "object", "required": ["name", "spec", "version", "status"], "properties": {
         "name": {"type": "string"}, "spec": {"type": "object"}, "version": {"type": "integer"},
+        "error": {"type": "string", "description": "why the job's next slots cannot be computed or planned"},
         "created_at": _T, "updated_at": _T, "change": {"type": "string", "enum": ["created", "configured", "unchanged"]},
         "status": {"type": "object", "properties": {
             "paused": {"type": "boolean"}, "last_run": {"type": "object", "nullable": True},

@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler.duration import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
-from scheduler.planner import upcoming
+from scheduler.planner import upcoming, walk_from_us
 from scheduler.redaction import mask_spec
 from scheduler.runs import RunRecord
 from scheduler.state import State
@@ -48,27 +48,41 @@ def next_slots(state: State, name: str, now_us: int, count: int = 5) -> list[dat
     job, rec = state.job(name), state.jobs.get(name)
     if job is None or rec is None or job.paused:
         return []
-    return upcoming(job, rec["created_us"], max(now_us, rec["last_slot_us"] or rec["created_us"]), count)
+    return upcoming(job, rec["created_us"], max(now_us, walk_from_us(rec)), count)
 
 
 def job_view(state: State, name: str, now_us: int, *, masked: bool = False) -> dict[str, Any] | None:
-    """``masked``: for a read-only caller, job secrets replaced by ``***`` (scheduler/redaction.py)."""
+    """The job and its status. A job whose next slots cannot be computed (or that this node's
+    leader loop could not plan) is still shown, with ``error`` saying why: one broken job
+    must not make the list of all jobs fail. ``masked``: for a read-only caller, job secrets
+    replaced by ``***`` (scheduler/redaction.py)."""
     rec = state.jobs.get(name)
     if rec is None:
         return None
     ids = state.job_runs.get(name) or []
     last = state.runs.get(ids[-1]) if ids else None
-    return {
+    error = None
+    try:
+        slots = [format_instant(s) for s in next_slots(state, name, now_us)]
+    except Exception as exc:  # noqa: BLE001 - shown in the view instead of failing the request
+        slots, error = [], f"the next slots cannot be computed: {type(exc).__name__}: {exc}"
+    planning = state.planning_errors.get(name)
+    if planning is not None and planning["version"] == rec["version"]:  # an edit may have fixed it
+        error = planning["error"]
+    view = {
         "name": name, "spec": mask_spec(rec["spec"]) if masked else rec["spec"], "version": rec["version"],
         "created_at": iso(rec["created_us"]), "updated_at": iso(rec["updated_us"]),
         "status": {
             "paused": bool(rec["spec"].get("paused")), "pause_note": rec.get("pause_note"),
             "last_run": run_view(last, output=False) if last else None,
-            "next_slots": [format_instant(s) for s in next_slots(state, name, now_us)],
+            "next_slots": slots,
             "consecutive_failures": rec["consecutive_failures"],
             "missed_total": rec["missed_total"], "last_decided_slot": iso(rec["last_slot_us"]),
         },
     }
+    if error is not None:
+        view["error"] = error
+    return view
 
 
 def _decision(run: RunRecord) -> tuple[str, str]:

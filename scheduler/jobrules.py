@@ -7,6 +7,7 @@ time-zone check reads tzdata, which ``zoneinfo`` caches).
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
@@ -25,6 +26,7 @@ __all__ = [
     "check_env_value",
     "check_header_name",
     "check_header_value",
+    "check_instant",
     "check_label_key",
     "check_label_value",
     "check_name",
@@ -61,6 +63,21 @@ def check_name(value: str) -> str | None:
         return (
             "must be 1 to 63 characters of a-z, 0-9, '_' and '-', starting with a letter or digit"
         )
+    return None
+
+
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9001, 1, 1, tzinfo=UTC)
+"""Instants of a job document lie in [1970, end of year 9000]. Later ones leave no room to
+step a schedule forward (Python's datetime ends with year 9999: an hourly job starting
+at 9999-12-31T23:59:59Z overflowed in the planner); earlier ones precede the epoch that
+every instant in the ledger counts from."""
+
+
+def check_instant(value: datetime) -> str | None:
+    if value < EARLIEST_INSTANT or value >= LATEST_INSTANT:
+        return (f"{value.isoformat().replace('+00:00', 'Z')} is out of range: "
+                "use an instant from 1970-01-01T00:00:00Z to the end of year 9000")
     return None
 
 

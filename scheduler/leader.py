@@ -35,6 +35,7 @@ __all__ = ["LeaderLoop", "LeaderConfig"]
 
 log = logging.getLogger("raftcron.leader")
 MAX_CLAIMS_PER_COMMAND = 400  # keeps each entry well under pysyncobj's 64 KiB message comfort zone
+PLAN_RETRY_MAX = 60.0  # seconds between tries of a job that keeps failing to plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,12 +156,17 @@ class LeaderLoop:
         cancel: list[str] = []
         next_due: dict[str, int | None] = {}
         for name in sorted(names):
-            job, rec = self.state.job(name), self.state.jobs.get(name)
-            if job is None or rec is None:
+            try:
+                job, rec = self.state.job(name), self.state.jobs.get(name)
+                if job is None or rec is None:
+                    continue
+                # Only forbid / replace look at the job's attempts in flight; read them fresh.
+                busy = [] if job.concurrency is Concurrency.ALLOW else self._active_of(name)
+                plan = plan_job(job, rec, busy, now, self.cfg.plan, picker)
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
+                next_due[name] = self._plan_failed(name, exc, now)
                 continue
-            # Only forbid / replace look at the job's attempts in flight; read them fresh.
-            busy = [] if job.concurrency is Concurrency.ALLOW else self._active_of(name)
-            plan = plan_job(job, rec, busy, now, self.cfg.plan, picker)
+            self.state.planning_errors.pop(name, None)
             claims += plan.claims
             summaries += plan.summaries
             cancel += plan.cancel
@@ -196,6 +202,22 @@ class LeaderLoop:
                 for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
                     await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
                                                       runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+
+    def _plan_failed(self, name: str, exc: Exception, now: int) -> int:
+        """Note a job that cannot be planned (its view shows why) and when to try it again:
+        after 1 s, doubling to a minute while it keeps failing, or at once when it is edited."""
+        prev = self.state.planning_errors.get(name)
+        delay = min(prev["retry_s"] * 2, PLAN_RETRY_MAX) if prev else 1.0
+        rec = self.state.jobs.get(name)
+        self.state.planning_errors[name] = {
+            "error": f"the leader cannot plan this job, its slots are not being decided: {type(exc).__name__}: {exc}",
+            "version": rec["version"] if rec else None, "at_us": now, "retry_s": delay,
+        }
+        # The traceback once per failing streak; an alert-worthy line on every retry.
+        log.error("ALERT job %s cannot be planned; its slots are not decided, the other jobs go on "
+                  "(next try in %.0fs): %s: %s", name, delay, type(exc).__name__, exc,
+                  exc_info=exc if prev is None else None)
+        return now + int(delay * 1e6)
 
     def _active_of(self, name: str) -> list[RunRecord]:
         active = self.state.active

@@ -10,7 +10,16 @@ in place. Statuses (SPEC section 2):
 
 Invariant 2 lives in ``_admissible``: a schedule or catch-up slot at or before
 the job's last decided slot is refused, so however many leaders propose, each
-slot is decided once. The fencing token is ``index * 65536 + position``: the
+slot is decided once. A slot at or before ``spec_since_us`` (the instant the
+job's schedule in force began: its creation, or the last edit of a schedule
+field) is refused too, so no slot of an edited schedule from before the edit
+is ever recorded, run or alerted, whatever plan a leader proposes.
+
+Reports are idempotent: a ``StartRuns``, ``RenewLeases`` or ``FinishRuns``
+naming an attempt this node holds and that is already in that state or past it
+changes nothing and is listed under ``already``; ``stale`` is kept for attempts
+the node no longer holds (cancelled, lost, another node's), which the worker
+stops. The fencing token is ``index * 65536 + position``: the
 log index of the claiming entry and the claim's place in it.
 """
 
@@ -27,7 +36,7 @@ if TYPE_CHECKING:
     from .state import State
 
 __all__ = [
-    "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "reset_future",
+    "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "withdraw_claims", "trim",
     "drop_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
 ]
 
@@ -53,9 +62,12 @@ def run_id_of(token: int) -> str:
 def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     created: list[RunRecord] = []
     refused: list[dict[str, Any]] = []
+    # Taken before the claims below move last_slot_us: a plan's summary covers slots older
+    # than its own claims, in the same entry.
+    floors = {s.get("job", ""): _floor(state.jobs.get(s.get("job", ""))) for s in cmd.summaries}
     fanned: set[tuple[str, Any]] = set()  # target.count > 1: one slot (or request), several nodes, one entry
     for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
-        why = _admissible(state, c, fanned)
+        why = _admissible(state, c, fanned, cmd.at_us)
         if why is not None:
             refused.append({"job": c.job, "slot_us": c.slot_us, "trigger": c.trigger, "reason": why})
             continue
@@ -78,28 +90,49 @@ def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
     for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
         _trim(state, job)
+    summaries = []
     for s in cmd.summaries:
+        floor = floors.get(s.get("job", ""))
+        since = (state.jobs.get(s.get("job", "")) or {}).get("spec_since_us")
+        if floor is not None and (s["first_us"] <= floor or (since is not None and cmd.at_us < since)):
+            # A plan made before an edit or another leader's decision: those slots are
+            # decided already, or precede the schedule in force. Counting them would be a
+            # second decision (or a missed alert for slots the new schedule never had).
+            refused.append({"job": s.get("job"), "slot_us": s["first_us"], "trigger": "summary",
+                            "reason": "slots already decided or before the job's schedule"})
+            continue
         _summarise(state, s, cmd.at_us)
-    _alert_missed(state, created, cmd)
+        summaries.append(s)
+    _alert_missed(state, created, summaries, cmd.at_us)
     return {"runs": created, "refused": refused, "cancelled": cancelled}
 
 
-def _alert_missed(state: State, created: list[RunRecord], cmd: ClaimSlots) -> None:
+def _floor(rec: dict[str, Any] | None) -> int | None:
+    """The instant at or before which no schedule or catch-up slot of the job can be decided."""
+    if rec is None:
+        return None
+    last, since = rec["last_slot_us"], rec.get("spec_since_us")
+    if last is None:
+        return None if since is None else int(since)
+    return int(last) if since is None else max(int(last), int(since))
+
+
+def _alert_missed(state: State, created: list[RunRecord], summaries: list[dict[str, Any]], at_us: int) -> None:
     """One missed alert per job per decision, however many slots it covers."""
     spans: dict[str, tuple[int, int, int]] = {}
     for run in created:
         if run["status"] == "missed":
             n, lo, hi = spans.get(run["job"], (0, run["slot_us"], run["slot_us"]))
             spans[run["job"]] = (n + 1, min(lo, run["slot_us"]), max(hi, run["slot_us"]))
-    for s in cmd.summaries:
+    for s in summaries:
         if s.get("status") == "missed" and s.get("job") in state.jobs:
             n, lo, hi = spans.get(s["job"], (0, s["first_us"], s["last_us"]))
             spans[s["job"]] = (n + int(s["count"]), min(lo, s["first_us"]), max(hi, s["last_us"]))
     for job, (n, lo, hi) in spans.items():
-        alerts.on_missed(state, job, n, lo, hi, cmd.at_us)
+        alerts.on_missed(state, job, n, lo, hi, at_us)
 
 
-def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | None:
+def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]], planned_us: int) -> str | None:
     rec = state.jobs.get(c.job)
     if rec is None:
         return "no such job"
@@ -111,6 +144,14 @@ def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]]) -> str | N
         last = rec["last_slot_us"]
         if last is not None and c.slot_us <= last and (c.job, c.slot_us) not in fanned:
             return "slot already decided"
+        since = rec.get("spec_since_us")
+        if since is not None and c.slot_us <= since:
+            return "slot before the job's schedule in force (created or changed after it)"
+        if since is not None and planned_us < since:
+            # Planned from the job's previous schedule, committed after the edit: its slots
+            # after the edit are the old schedule's, and deciding one would hide the new
+            # schedule's slots before it. The next plan, from the new schedule, decides them.
+            return "planned before the job's schedule changed"
         return None
     if c.trigger in ("retry", "replay"):
         prev = state.runs.get(c.retry_of or "")
@@ -184,9 +225,12 @@ def _summarise(state: State, s: dict[str, Any], at_us: int) -> None:
 
 
 def start(state: State, cmd: StartRuns) -> dict[str, Any]:
-    started, stale = [], []
+    started, stale, already = [], [], []
     for rid in cmd.runs:
         run = state.runs.get(rid)
+        if run is not None and run["node"] == cmd.node and run["status"] != "claimed" and _past_start(run):
+            already.append(rid)  # a retried report whose first copy committed: carry on
+            continue
         if run is None or run["status"] != "claimed" or run["node"] != cmd.node:
             stale.append(rid)
             continue
@@ -194,23 +238,35 @@ def start(state: State, cmd: StartRuns) -> dict[str, Any]:
                            "lease_us": cmd.lease_until_us}
         alerts.on_started(state, state.runs[rid], cmd.at_us)
         started.append(rid)
-    return {"started": started, "stale": stale}
+    return {"started": started, "stale": stale, "already": already}
+
+
+def _past_start(run: RunRecord) -> bool:
+    """Running, or ended by its own node's result: the attempt its node holds went past a start.
+    (A lost or cancelled attempt has no outcome: the ledger took it away.)"""
+    return run["status"] == "running" or run["outcome"] is not None
 
 
 def renew(state: State, cmd: RenewLeases) -> dict[str, Any]:
-    stale = []
+    stale, already = [], []
     for rid in cmd.runs:
         run = state.runs.get(rid)
-        if run is None or run["status"] != "running" or run["node"] != cmd.node:
+        if run is None or run["node"] != cmd.node:
             stale.append(rid)
-            continue
-        if (run["lease_us"] or 0) < cmd.lease_until_us:
-            state.runs[rid] = {**run, "lease_us": cmd.lease_until_us}
-    return {"stale": stale}
+        elif run["status"] == "running":
+            if (run["lease_us"] or 0) < cmd.lease_until_us:
+                state.runs[rid] = {**run, "lease_us": cmd.lease_until_us}
+        elif run["status"] == "claimed" or run["outcome"] is not None:
+            # Not started in the ledger yet (its start is on the way; the start deadline
+            # still guards it) or ended by its own result: nothing to renew, nothing to stop.
+            already.append(rid)
+        else:
+            stale.append(rid)
+    return {"stale": stale, "already": already}
 
 
 def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
-    finished, stale = [], []
+    finished, stale, already = [], [], []
     for r in cmd.results:
         rid = r.get("run_id", "")
         run = state.runs.get(rid)
@@ -218,7 +274,8 @@ def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
             stale.append(rid)
             continue
         if run["node"] == cmd.node and run["finished_us"] == r.get("finished_us") and run["outcome"] == r.get("status"):
-            continue  # the same result resubmitted after an unknown outcome: already recorded
+            already.append(rid)  # the same result resubmitted after an unknown outcome: already recorded
+            continue
         if run["status"] not in ("claimed", "running") or run["node"] != cmd.node:
             # Principle 5: a late result is recorded but decides nothing.
             late: LateResult = {"status": r.get("status"), "finished_us": r.get("finished_us")}
@@ -226,7 +283,7 @@ def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
             stale.append(rid)
             continue
         finished.append(_finish_one(state, run, r, cmd.at_us))
-    return {"finished": finished, "stale": stale}
+    return {"finished": finished, "stale": stale, "already": already}
 
 
 def _finish_one(state: State, run: RunRecord, r: dict[str, Any], at_us: int) -> RunRecord:
@@ -346,26 +403,23 @@ def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:
     return {"deleted": cmd.run_id}
 
 
-def reset_future(state: State, job: str, at_us: int, reason: str) -> list[str]:
-    """A changed or paused job: claims for slots after ``at_us`` that have not started are void."""
-    # Invariant 2: a slot after the change whose decision stands (already started, or recorded
-    # failed/skipped) stays decided, or it could be claimed a second time. Taken before the
-    # cancellations below, which may trim history.
-    floor = max([at_us, *(
-        r["slot_us"] for rid in state.job_runs.get(job, ())
-        if (r := state.runs[rid])["trigger"] in SCHEDULED and r["status"] not in ("cancelled", "claimed")
-        and r["slot_us"] > at_us
-    )])
+def withdraw_claims(state: State, job: str, at_us: int, reason: str) -> list[str]:
+    """A job whose schedule, pause state or placement changed at ``at_us``: its schedule and
+    catch-up attempts claimed ahead for slots after ``at_us`` and not started are withdrawn
+    (recorded ``cancelled`` with ``reason``). Returns their ids.
+
+    Withdrawn, not handed to the new spec: each stays its slot's one record, and the job's
+    last decided slot is never lowered, so neither the new spec nor a later resume decides
+    that slot again (invariant 2). The cost is that an edit inside the claim horizon (a few
+    seconds) of a slot the new spec also has leaves that slot cancelled rather than run.
+    Attempts already started, and slots recorded failed or skipped, stand as decided.
+    """
     cancelled = [
-        rid for rid in list(state.active)
-        if (run := state.runs[rid])["job"] == job and run["status"] == "claimed"
+        rid for rid in list(state.job_runs.get(job, ()))  # this job's history only, never every run
+        if rid in state.active and (run := state.runs[rid])["status"] == "claimed"
         and run["trigger"] in SCHEDULED and run["slot_us"] > at_us
         and _cancel_one(state, rid, at_us, reason)
     ]
-    rec = state.jobs[job]
-    if rec["last_slot_us"] is None or rec["last_slot_us"] > floor:
-        # Decided up to the change: the new spec's slots start after it.
-        state.jobs[job] = {**rec, "last_slot_us": floor}
     _trim(state, job)  # the new spec may keep less history
     return cancelled
 
@@ -377,6 +431,11 @@ def drop_history(state: State, job: str) -> int:
         state.active.pop(rid, None)
         state.dead.pop(rid, None)
     return len(ids)
+
+
+def trim(state: State, job_name: str) -> None:
+    """Bound the job's history to its ``history.keep`` (after an edit that may lower it)."""
+    _trim(state, job_name)
 
 
 def _trim(state: State, job_name: str) -> None:

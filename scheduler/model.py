@@ -25,6 +25,7 @@ from scheduler.duration import format_duration, format_instant
 from scheduler.errors import ValidationFailed
 from scheduler.fields import Fields, Problems
 from scheduler.jobrules import (
+    check_instant,
     check_label_key,
     check_label_value,
     check_name,
@@ -166,7 +167,7 @@ def parse_job(doc: object, *, name: str | None = None) -> Job:
     schedule = _parse_schedule(f, has_dependency=f.has("depends_on"))
     timezone = f.checked("timezone", check_timezone) or "UTC"
     paused = f.boolean("paused", False)
-    starts_at, ends_at = f.instant("starts_at"), f.instant("ends_at")
+    starts_at, ends_at = _instant(f, "starts_at"), _instant(f, "ends_at")
     if starts_at is not None and ends_at is not None and ends_at <= starts_at:
         f.error("ends_at", "must be after starts_at")
     executor, http, shell = _parse_executor(f)
@@ -238,7 +239,19 @@ def _parse_schedule(f: Fields, *, has_dependency: bool) -> Schedule:
             f.missing("schedule", "is required (or give depends_on)")
         return MANUAL
     try:
-        return parse_schedule(text)
+        schedule = parse_schedule(text)
     except ValueError as exc:
         f.error("schedule", str(exc))
         return MANUAL
+    if schedule.at is not None and (problem := check_instant(schedule.at)):
+        f.error("schedule", f"@at {problem}")
+        return MANUAL
+    return schedule
+
+
+def _instant(f: Fields, key: str) -> datetime | None:
+    value = f.instant(key)
+    if value is not None and (problem := check_instant(value)):
+        f.error(key, problem)
+        return None
+    return value

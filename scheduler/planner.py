@@ -5,7 +5,11 @@ read the way the event loop must read it while the raft thread applies:
 single lookups of never-mutated records, and ``list(...)`` copies (one C call,
 atomic under the GIL) before iterating.
 
-Decisions per job, walking its slots from the last decided one (invariant 6):
+Decisions per job, walking its slots from the last decided one, or from the
+instant the job's schedule in force began (``spec_since_us``: its creation or
+the last edit of a schedule field, pause and resume included), whichever is
+later (invariant 6). An edit never reaches back: slots of the new schedule
+before the edit are not run, caught up, skipped or missed.
 
 - a slot due within the claim horizon is claimed ahead (trigger ``schedule``)
   for ``concurrency: allow`` jobs; ``forbid`` and ``replace`` jobs are decided
@@ -31,7 +35,7 @@ from .model import Job
 from .runs import RunRecord
 from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
-__all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "next_slot_us", "upcoming", "due_retries",
+__all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "walk_from_us", "next_slot_us", "upcoming", "due_retries",
            "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
 
 UTC = UTC
@@ -143,6 +147,16 @@ def decides_ahead(job: Job) -> bool:
     return job.concurrency is Concurrency.ALLOW and not job.paused
 
 
+def walk_from_us(rec: dict[str, Any]) -> int:
+    """The instant after which the job's next undecided slot lies: its last decided slot or
+    the start of its schedule in force, whichever is later (records from before
+    ``spec_since_us`` existed count from their creation)."""
+    since = rec.get("spec_since_us")
+    start = int(rec["created_us"] if since is None else since)
+    last = rec["last_slot_us"]
+    return start if last is None else max(int(last), start)
+
+
 def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int,
              cfg: PlanConfig, picker: Picker) -> JobPlan:
     """``active``: the job's attempts in flight; only forbid and replace read them."""
@@ -150,7 +164,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int
     decide_ahead = decides_ahead(job)
     limit = now_us + (cfg.horizon_us if decide_ahead else 0)
     anchor = rec["created_us"]
-    last = rec["last_slot_us"] if rec["last_slot_us"] is not None else anchor
+    last = walk_from_us(rec)
     slots: list[int] = []
     cursor = last
     while len(slots) < cfg.max_walk:

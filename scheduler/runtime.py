@@ -39,7 +39,7 @@ from .executors.base import Executor
 from .leader import LeaderConfig, LeaderLoop
 from .planner import PlanConfig, us
 from .service import Service
-from .skew import ClusterTime, SkewWatch, trusted
+from .skew import ClusterTime, SkewWatch, leader_lead_us, trusted
 from .state import Applied, State
 from .worker import Worker
 
@@ -87,7 +87,7 @@ class SchedulerRuntime:
         self.relay = Relay(loop)
         # The cluster's time: this node's wall clock plus its estimated offset to the leader's.
         # Executors and the worker read it, so every instant reported is by the leader's clock.
-        self.cluster_time = cluster_time or ClusterTime(clock, self._offset_to_leader)
+        self.cluster_time = cluster_time or ClusterTime(clock, self._offset_to_leader, self._leader_lead_us)
         self.service: Service | None = None
         self.worker: Worker | None = None
         self.leader: LeaderLoop | None = None
@@ -106,6 +106,10 @@ class SchedulerRuntime:
 
     def _offset_to_leader(self) -> ClockEstimate | None:
         return self.service.node.clock_offset_to_leader() if self.service is not None else None
+
+    def _leader_lead_us(self) -> int:
+        leader = self.service.node.leader() if self.service is not None else None
+        return leader_lead_us(self.state.clocks, self.state.nodes, leader)[0]
 
     def role_from_raft(self, change: RoleChange) -> None:
         """``RaftNode(on_role=...)``: runs on the raft thread."""

@@ -10,6 +10,7 @@ happened" after such a retry is answered as the success it was.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +42,22 @@ __all__ = ["Service"]
 
 log = logging.getLogger("raftcron.service")
 
+_ONE_FIELD = re.compile(r"([a-z_]+(?:\.[a-z_]+|\[\d+\])*): ([^;]+)", re.DOTALL)
+
+
+def _invalid(message: str) -> ValidationFailed:
+    """The state machine words a refusal about one field as ValidationFailed does ("path: why"):
+    keep the field in the details, as the API's own validation would."""
+    m = _ONE_FIELD.fullmatch(message)
+    if m is None:
+        return ValidationFailed([{"field": "", "message": message}], message)
+    return ValidationFailed([{"field": m.group(1), "message": m.group(2)}], message)
+
+
 _REJECTIONS: dict[str, Callable[[str], RaftcronError]] = {
     "not_found": NotFound,
     "conflict": Conflict,
-    "invalid": lambda m: ValidationFailed([{"field": "", "message": m}], m),
+    "invalid": _invalid,
 }
 
 

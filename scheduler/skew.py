@@ -69,9 +69,15 @@ class ClusterTime:
     it reads the local clock, the best there is.
     """
 
-    def __init__(self, clock: Clock, source: Callable[[], ClockEstimate | None]) -> None:
+    def __init__(self, clock: Clock, source: Callable[[], ClockEstimate | None],
+                 lead_us: Callable[[], int] | None = None) -> None:
+        """``lead_us``: how far the leader recorded its own clock ahead of its followers'
+        median (``leader_lead_us``; 0 unless it recorded itself skewed). The cluster's time is
+        the leader's clock less that lead, as the leader plans by (``SkewWatch.planning_now_us``),
+        so leases and start times reported from here compare with the leader's plans."""
         self.clock = clock
         self._source = source
+        self._lead_us = lead_us
         self._last: ClockEstimate | None = None
 
     def estimate(self) -> ClockEstimate | None:
@@ -90,7 +96,10 @@ class ClusterTime:
         self.estimate()
         last = self._last
         local = self.clock.now()
-        return local if last is None else local + timedelta(seconds=last.offset)
+        lead = self._lead_us() if self._lead_us is not None else 0
+        if last is None:
+            return local
+        return local + timedelta(seconds=last.offset, microseconds=-lead)
 
     def now_us(self) -> int:
         return us(self.now())
@@ -282,6 +291,8 @@ class SkewWatch:
         which workers hold attempts back): a node elected with a clock 30 s ahead must not
         record the next 30 s of slots as late, nor one 3 s behind claim every slot 3 s late."""
         verdict = self._verdict
+        if verdict is None and self._ready():
+            verdict = self.check()  # the loop's first tick after its barrier: judge now, not at the next round
         if verdict is None:
             return None
         now = self.svc.now_us()
@@ -299,14 +310,21 @@ class SkewWatch:
         # Start from what earlier leaders recorded, so a recovery from their judgement is
         # reported and their reports are not repeated: wait until this term's barrier (the
         # leader loop commits it) is applied here.
-        while node.is_leader() and self.state.last_noop.get("term") != term:
+        while node.is_leader() and not self._ready():
             await self.clock.sleep(self.interval)
-        self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
-                                 unmeasured_grace=self.unmeasured_grace, settle=self.settle)
         while node.is_leader():
             self.check()
             await self._commit(term)
             await self.clock.sleep(self.interval)
+
+    def _ready(self) -> bool:
+        """Whether this term's barrier is applied here; the guard then starts from what it found."""
+        if self._guard is None:
+            if self.state.last_noop.get("term") != self.svc.node.status().term:
+                return False
+            self._guard = ClockGuard(self.max_skew, {n: bool(r["skewed"]) for n, r in self.state.clocks.items()},
+                                     unmeasured_grace=self.unmeasured_grace, settle=self.settle)
+        return True
 
     def check(self) -> SkewVerdict | None:
         """Judge now; None before ``run`` has read what earlier leaders recorded."""

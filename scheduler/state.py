@@ -82,6 +82,10 @@ class State:
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
         self._offered: dict[bytes, tuple[PutJob, Job]] = {}  # see offer()
         self._offer: Job | None = None  # the offered parse for the entry being applied
+        # Local to this replica, never snapshotted, never read by apply: the leader loop on
+        # this node notes a job it cannot plan here (message, job version, instant) so that
+        # the job's view on this node shows why its slots are not being decided.
+        self.planning_errors: dict[str, dict[str, Any]] = {}
 
     # ---- the entry point ---------------------------------------------------
 
@@ -208,21 +212,68 @@ class State:
             return Rejected("conflict", f"job {job.name!r}: expected version {cmd.expect_version}, found {have}")
         if old is not None and old["spec"] == spec:
             return {"change": "unchanged", "name": job.name, "version": old["version"]}
+        if job.depends_on is not None and (cycle := self._cycle(job.name, job.depends_on.job)):
+            # Decided here, not at the API, so that two concurrent puts closing a cycle between
+            # them are refused the same way on every replica (the second one to apply).
+            return Rejected("invalid", f"depends_on.job: would close a dependency cycle {' -> '.join(cycle)}")
+        cancelled: list[str] = []
         if old is None:
             rec = {
                 "spec": spec, "version": 1, "created_us": cmd.at_us, "updated_us": cmd.at_us,
                 "last_slot_us": None, "consecutive_failures": 0, "missed_total": 0, "pause_note": None,
+                "spec_since_us": cmd.at_us,
             }
             self.job_runs[job.name] = []
             change = "created"
         else:
             rec = {**old, "spec": spec, "version": old["version"] + 1, "updated_us": cmd.at_us}
             change = "configured"
+            moved = [k for k in _SLOT_FIELDS if old["spec"].get(k) != spec.get(k)]
+            if moved:
+                rec["spec_since_us"] = cmd.at_us
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
         self._dependents = None
-        cancelled = ledger.reset_future(self, job.name, cmd.at_us, "the job was changed") if old else []
+        if old is not None:
+            cancelled = self._edited(job.name, old["spec"], spec, cmd.at_us)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
+
+    def _edited(self, name: str, before: dict[str, Any], after: dict[str, Any], at_us: int) -> list[str]:
+        """An edit of a job at ``at_us``: what it does to claims made under the old document.
+
+        Claims stand through an edit that changes neither which slots the job has nor where
+        and how they run (a URL, a description, retries: the worker reads the document in
+        force when it fires). Otherwise they are withdrawn (``ledger.withdraw_claims``)."""
+        moved = [k for k in _SLOT_FIELDS if before.get(k) != after.get(k)]
+        placed = [k for k in _PLACEMENT_FIELDS if before.get(k) != after.get(k)]
+        if not (moved or placed):
+            ledger.trim(self, name)  # the new document may keep less history
+            return []
+        cancelled = ledger.withdraw_claims(self, name, at_us, "the job was changed")
+        changes = ", ".join(f"{k} {_shown(before.get(k))} -> {_shown(after.get(k))}" for k in moved + placed)
+        reason = f"changed: {changes}"
+        if moved:
+            reason += "; slots after this instant follow the new schedule, none before it is recorded or caught up"
+        if cancelled:
+            reason += f"; {len(cancelled)} slot(s) claimed under the old document withdrawn (cancelled)"
+        self.note(name, {"at_us": at_us, "decision": "changed", "reason": reason})
+        return cancelled
+
+    def _cycle(self, name: str, upstream: str) -> list[str] | None:
+        """The dependency path from ``name`` back to itself if it depended on ``upstream``.
+
+        Every job names at most one upstream, so this walks one chain, at most every job once."""
+        path, seen, cur = [name], {name}, upstream
+        while cur:
+            path.append(cur)
+            if cur == name:
+                return path
+            if cur in seen:
+                return None  # a cycle not through this job (only an older state can hold one)
+            seen.add(cur)
+            up = self.job(cur) if cur in self.jobs else None
+            cur = up.depends_on.job if up is not None and up.depends_on is not None else ""
+        return None
 
     def _delete_job(self, cmd: DeleteJob) -> Any:
         if cmd.name not in self.jobs:
@@ -248,9 +299,14 @@ class State:
             "updated_us": cmd.at_us if changed else rec["updated_us"],
         }
         self._parsed.pop(cmd.name, None)
+        if changed:
+            # Pausing and resuming are edits: slots from this instant on follow the new state,
+            # and a resumed job never runs, catches up or records the slots of its pause that
+            # were not decided while it was paused.
+            self.jobs[cmd.name] = {**self.jobs[cmd.name], "spec_since_us": cmd.at_us}
         verb = "paused" if cmd.paused else "resumed"
         self.note(cmd.name, {"at_us": cmd.at_us, "decision": verb, "reason": cmd.note or f"{verb} by an operator"})
-        cancelled = ledger.reset_future(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []
+        cancelled = ledger.withdraw_claims(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []
         return {"name": cmd.name, "paused": cmd.paused, "version": self.jobs[cmd.name]["version"], "cancelled": cancelled}
 
     def _alert_results(self, cmd: AlertResults) -> Any:
@@ -345,6 +401,17 @@ class State:
         self.alerts = dict(sections.get("alerts", []))
         self.alert_seq = int(meta.get("alert_seq", 0))
         self.clocks = dict(sections.get("clocks", []))  # absent from snapshots older than the section
+
+
+_SLOT_FIELDS = ("schedule", "timezone", "starts_at", "ends_at", "paused")
+"""Fields of the job document that decide which slots the job has: an edit of one starts a new
+schedule at the edit's instant (``spec_since_us``)."""
+_PLACEMENT_FIELDS = ("executor", "target", "concurrency")
+"""Fields that decide where, and whether beside another attempt, a claimed slot may run."""
+
+
+def _shown(v: Any) -> str:
+    return "none" if v is None else repr(v) if isinstance(v, str) else str(v)
 
 
 def _pack_sections(sections: list[tuple[str, list[Any]]]) -> Iterator[bytes]:

@@ -185,29 +185,35 @@ def test_manual_claims_are_deduplicated_by_request_key(h: Any, first: str, secon
 # ---- start / renew --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "node", "started"), [
-    ("claimed", "n1", True),
-    ("claimed", "n2", False),  # fenced: another node's claim
-    ("running", "n1", False),
-    ("cancelled", "n1", False),
-    (None, "n1", False),  # unknown run
+@pytest.mark.parametrize(("status", "node", "verdict"), [
+    ("claimed", "n1", "started"),
+    ("claimed", "n2", "stale"),  # fenced: another node's claim
+    ("running", "n1", "already"),  # a retried start whose first copy committed: carry on
+    ("running", "n2", "stale"),
+    ("succeeded", "n1", "already"),  # its result committed first (a short run)
+    ("cancelled", "n1", "stale"),
+    ("lost", "n1", "stale"),  # the lease lapsed: the ledger took the attempt away
+    (None, "n1", "stale"),  # unknown run
 ])
-def test_start(h: Any, status: str | None, node: str, started: bool) -> None:
+def test_start(h: Any, status: str | None, node: str, verdict: str) -> None:
     h.put("ping")
     run = h.claim_one("ping", slot(1))
     rid = run["id"] if status is not None else "r-none"
     if status == "running":
         h.start("n1", rid, at_us=slot(1))
+    elif status == "succeeded":
+        h.finish("n1", rid, "succeeded", slot(1) + SEC // 2, started_us=slot(1))
+    elif status == "lost":
+        h.ok(ExpireRuns(at_us=slot(1) + 30 * SEC, leader="n1", term=1, runs=(rid,), reason="lease expired"))
     elif status == "cancelled":
         h.ok(CancelRun(at_us=slot(1), run_id=rid))
     before = h.run(run["id"])
     out = h.start(node, rid, at_us=slot(1) + SEC, lease_until_us=slot(1) + 6 * SEC)
-    if started:
-        assert out == {"started": [rid], "stale": []}
+    assert out == {"started": [], "stale": [], "already": [], verdict: [rid]}
+    if verdict == "started":
         r = h.run(rid)
         assert r["status"] == "running" and r["started_us"] == slot(1) + SEC and r["lease_us"] == slot(1) + 6 * SEC
     else:
-        assert out == {"started": [], "stale": [rid]}
         assert h.run(run["id"]) == before
 
 
@@ -229,15 +235,23 @@ def test_renew(h: Any, node: str, until: int, expect_lease: int, stale: bool) ->
     run = h.claim_one("ping", slot(1))
     h.start("n1", run["id"], at_us=slot(1), lease_until_us=slot(1) + 5 * SEC)
     out = h.ok(RenewLeases(at_us=slot(1) + SEC, node=node, runs=(run["id"],), lease_until_us=slot(1) + until * SEC))
-    assert out == {"stale": [run["id"]] if stale else []}
+    assert out == {"stale": [run["id"]] if stale else [], "already": []}
     assert h.run(run["id"])["lease_us"] == slot(1) + expect_lease * SEC
 
 
-def test_renew_of_a_claim_not_started_is_stale(h: Any) -> None:
+def test_renew_of_a_claim_not_started_or_finished_is_a_no_op_and_of_a_lost_one_stale(h: Any) -> None:
     h.put("ping")
-    run = h.claim_one("ping", slot(1))
-    out = h.ok(RenewLeases(at_us=slot(1), node="n1", runs=(run["id"], "r-none"), lease_until_us=slot(2)))
-    assert out == {"stale": [run["id"], "r-none"]}
+    claimed = h.claim_one("ping", slot(1))
+    done = h.claim_one("ping", slot(2))
+    h.finish("n1", done["id"], "succeeded", slot(2) + SEC, started_us=slot(2))
+    lost = h.claim_one("ping", slot(3))
+    h.start("n1", lost["id"], at_us=slot(3))
+    h.ok(ExpireRuns(at_us=slot(4), leader="n1", term=1, runs=(lost["id"],), reason="lease expired"))
+    before = [h.run(r) for r in (claimed["id"], done["id"], lost["id"])]
+    out = h.ok(RenewLeases(at_us=slot(4), node="n1", runs=(claimed["id"], done["id"], lost["id"], "r-none"),
+                           lease_until_us=slot(5)))
+    assert out == {"stale": [lost["id"], "r-none"], "already": [claimed["id"], done["id"]]}
+    assert [h.run(r) for r in (claimed["id"], done["id"], lost["id"])] == before
 
 
 # ---- finish ---------------------------------------------------------------------------------
@@ -286,7 +300,7 @@ def test_a_late_result_is_recorded_and_decides_nothing(h: Any, how: str) -> None
     rec_before = h.state.jobs["ping"]
     node = "n2" if how == "other-node" else "n1"
     out = h.finish(node, run["id"], "succeeded", slot(1) + 10 * SEC)
-    assert out == {"finished": [], "stale": [run["id"]]}
+    assert out == {"finished": [], "stale": [run["id"]], "already": []}
     after = h.run(run["id"])
     assert after["late_result"] == {"status": "succeeded", "finished_us": slot(1) + 10 * SEC}
     assert {k: v for k, v in after.items() if k != "late_result"} == before
@@ -302,13 +316,13 @@ def test_the_identical_result_resubmitted_is_a_no_op(h: Any) -> None:
         h.finish("n1", run["id"], outcome, slot(n) + SEC, output="x")
         before = h.semantic()
         out = h.finish("n1", run["id"], outcome, slot(n) + SEC, output="x")
-        assert out == {"finished": [], "stale": []}
+        assert out == {"finished": [], "stale": [], "already": [run["id"]]}
         assert h.semantic() == before
 
 
 def test_finish_of_an_unknown_run_is_stale(h: Any) -> None:
     out = h.ok(FinishRuns(at_us=T0, node="n1", results=({"run_id": "r-none", "status": "succeeded"},)))
-    assert out == {"finished": [], "stale": ["r-none"]}
+    assert out == {"finished": [], "stale": ["r-none"], "already": []}
 
 
 def test_output_is_capped_keeping_the_tail(h: Any) -> None:

@@ -446,6 +446,25 @@ def test_ends_at_must_follow_starts_at() -> None:
     assert problems(doc) == [{"field": "ends_at", "message": "must be after starts_at"}]
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("starts_at", "9999-12-31T23:59:59Z"),  # issue 12: planning an hourly job from here overflowed
+    ("ends_at", "9001-01-01T00:00:00Z"),
+    ("starts_at", "1969-12-31T23:59:59Z"),
+    ("schedule", "@at 9500-06-01T00:00:00Z"),
+    ("schedule", "@at 1960-06-01T00:00:00+02:00"),
+])
+def test_instants_beyond_year_9000_or_before_1970_are_refused_naming_the_field(field: str, value: str) -> None:
+    [problem] = problems(dict(MINIMAL, **{field: value}))
+    assert problem["field"] == field
+    assert "out of range" in problem["message"] and "end of year 9000" in problem["message"]
+
+
+def test_instants_at_the_bounds_are_accepted() -> None:
+    job = parse_job(dict(MINIMAL, starts_at="1970-01-01T00:00:00Z", ends_at="9000-12-31T23:59:59.999999Z"))
+    assert job.ends_at == datetime(9000, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+    assert parse_job(dict(MINIMAL, schedule="@at 9000-12-31T23:00:00Z")).schedule.at is not None
+
+
 def test_every_problem_is_reported_at_once_in_document_order() -> None:
     doc = {
         "name": "Bad",

@@ -597,8 +597,8 @@ async def test_a_leader_with_a_far_clock_plans_by_its_followers_median_and_not_b
     the median of its followers' clocks, once that is judged and its own record committed."""
     clock, state, node, service = await _cluster()
     watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
-    assert watch.planning_now_us() is None, "nothing is planned before the clocks are judged"
     node.clocks = {"mem:1": _est(0), "mem:2": _est(-leader_ahead), "mem:3": _est(-leader_ahead + 0.01)}
+    assert watch.planning_now_us() is None, "judged skewed: nothing is planned before its lead is recorded"
     task = asyncio.create_task(watch.run())
     try:
         await _settle()
@@ -622,3 +622,14 @@ async def test_a_leader_in_line_with_its_followers_plans_by_its_own_clock() -> N
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_cluster_time_is_the_leaders_clock_less_its_recorded_lead() -> None:
+    from scheduler.skew import ClusterTime
+
+    clock = FakeClock(LOCAL0)
+    lead = {"us": 0}
+    ct = ClusterTime(clock, lambda: ClockEstimate(-3.0, 0.001, 0.1), lambda: lead["us"])
+    assert ct.now() == LOCAL0 - timedelta(seconds=3), "this node runs 3 s ahead of the leader"
+    lead["us"] = 30_000_000  # the leader recorded itself 30 s ahead of its followers' median
+    assert ct.now() == LOCAL0 - timedelta(seconds=33), "leases and starts in the time the leader plans by"

@@ -98,21 +98,35 @@ def test_put_job_invalid_spec_is_rejected_naming_fields(h: Any) -> None:
     assert h.semantic() == before
 
 
-def test_put_job_change_cancels_future_claims_only(h: Any) -> None:
+def test_an_edit_that_moves_no_slot_keeps_the_claims(h: Any) -> None:
+    h.put("ping")
+    future = h.claim_one("ping", slot(2))
+    out = h.put("ping", at_us=slot(1) + SEC, description="changed", http={"url": "https://example.test/v2"}).result
+    assert out["change"] == "configured" and out["cancelled"] == []
+    assert h.run(future["id"])["status"] == "claimed" and future["id"] in h.state.active
+    assert h.state.jobs["ping"]["spec_since_us"] == T0  # the schedule in force did not change
+
+
+def test_a_schedule_edit_withdraws_future_claims_once_and_starts_the_new_schedule_at_the_edit(h: Any) -> None:
     h.put("ping")
     started = h.claim_one("ping", slot(1))
     h.start("n1", started["id"], at_us=slot(1))
     future = h.claim_one("ping", slot(2))
-    out = h.put("ping", at_us=slot(1) + SEC, description="changed").result
+    at = slot(1) + SEC
+    out = h.put("ping", at_us=at, schedule="*/2 * * * *").result
     assert out["cancelled"] == [future["id"]]
     assert h.run(future["id"])["status"] == "cancelled"
     assert h.run(future["id"])["error"] == "the job was changed"
     assert h.run(started["id"])["status"] == "running"
     assert future["id"] not in h.state.active and started["id"] in h.state.active
-    # Decided up to the change: the new spec's next slot (slot 2) may be claimed again.
-    assert h.state.jobs["ping"]["last_slot_us"] == slot(1) + SEC
-    again = h.claim_one("ping", slot(2))
-    assert again["status"] == "claimed"
+    rec = h.state.jobs["ping"]
+    assert rec["spec_since_us"] == at and rec["last_slot_us"] == slot(2)
+    # The withdrawn slot stays its one record: the new schedule's slot 2 is not decided again.
+    assert h.claim(Claim(job="ping", slot_us=slot(2), trigger="schedule", node="n1"), at_us=at)["runs"] == []
+    assert h.claim_one("ping", slot(4), at_us=at)["status"] == "claimed"
+    note = h.state.notes["ping"][-1]
+    assert note["at_us"] == at and note["decision"] == "changed"
+    assert "schedule '* * * * *' -> '*/2 * * * *'" in note["reason"] and "1 slot(s)" in note["reason"]
 
 
 # ---- DeleteJob -------------------------------------------------------------------------
@@ -220,17 +234,18 @@ def test_reset_keeps_slots_already_decided_beyond_the_change(h: Any) -> None:
     assert out["runs"] == [] and [r["reason"] for r in out["refused"]] == ["slot already decided"] * 2
 
 
-def test_reset_keeps_a_decided_slot_even_when_the_new_spec_trims_it_away(h: Any) -> None:
+def test_withdrawal_keeps_a_decided_slot_even_when_the_new_spec_trims_it_away(h: Any) -> None:
     h.put("ping", history={"keep": 3})
     h.claim(Claim(job="ping", slot_us=slot(3), trigger="schedule", status="failed", reason="no live node"))
     h.claim_one("ping", slot(4))
     h.claim_one("ping", slot(5))
-    out = h.put("ping", at_us=slot(1), history={"keep": 1}).result
+    out = h.put("ping", at_us=slot(1), history={"keep": 1}, timezone="Europe/Paris").result
     assert len(out["cancelled"]) == 2
-    assert h.state.jobs["ping"]["last_slot_us"] == slot(3)
+    assert h.state.jobs["ping"]["last_slot_us"] == slot(5)
     assert len(h.state.job_runs["ping"]) == 1  # the new keep applies at once
-    assert h.claim(Claim(job="ping", slot_us=slot(3), trigger="schedule", node="n1"))["runs"] == []
-    assert len(h.claim(Claim(job="ping", slot_us=slot(4), trigger="schedule", node="n1"))["runs"]) == 1
+    for n in (3, 4, 5):
+        assert h.claim(Claim(job="ping", slot_us=slot(n), trigger="schedule", node="n1"), at_us=slot(1))["runs"] == []
+    assert len(h.claim(Claim(job="ping", slot_us=slot(6), trigger="schedule", node="n1"), at_us=slot(1))["runs"]) == 1
 
 
 def test_other_transitions(h: Any) -> None:
