@@ -96,7 +96,18 @@ class Claim:
     not_before_us: int | None = None  # a retry claimed ahead: fire at its backoff instant, not at the slot
 
     def to_wire(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        # On the wire the two still travel as the one ``cause`` field of before the split, so a
+        # node of the previous release reads this build's claims (and decides them the same)
+        # during a rolling upgrade; ``decode_command`` splits it again by the trigger.
+        wire = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SPLIT_CAUSE}
+        kept, dropped = ("upstream", "request_key") if self.trigger == "dependency" else ("request_key", "upstream")
+        if getattr(self, dropped) is not None:
+            raise ValueError(f"a {self.trigger} claim carries no {dropped}")
+        wire["cause"] = getattr(self, kept)
+        return wire
+
+
+_SPLIT_CAUSE = frozenset({"upstream", "request_key"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

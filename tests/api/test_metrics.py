@@ -113,7 +113,7 @@ async def test_the_scrape_holds_every_family_after_a_run_succeeded(node: Node, s
         status, body = await node.call("GET", "/v1/cluster")
         return status == 200 and body["leader"] is not None and any(m["node_id"] == "n1" for m in body["members"])
 
-    await _until("n1 to lead and be registered", registered, 20)
+    await _until("n1 to lead and be registered", registered, 60)
     doc = {"name": "tick", "schedule": "@every 1s", "executor": "http", "http": {"url": url, "method": "POST"}}
 
     async def stored() -> bool:
@@ -121,13 +121,13 @@ async def test_the_scrape_holds_every_family_after_a_run_succeeded(node: Node, s
         assert status in (200, 201, 503, 504), body
         return status in (200, 201)
 
-    await _until("the job stored", stored, 20)
+    await _until("the job stored", stored, 60)
 
     async def succeeded() -> list[Any]:
         _, body = await node.call("GET", "/v1/jobs/tick/runs?status=succeeded")
         return list(body["items"])
 
-    await _until("a succeeded run of tick", succeeded, 20)
+    await _until("a succeeded run of tick", succeeded, 60)
     assert hits, "the sink was never called"
 
     status, text = await node.call("GET", "/metrics", token=READ)

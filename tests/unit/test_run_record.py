@@ -106,3 +106,20 @@ def _restored(state: State) -> State:
     copy = State()
     copy.restore(state.snapshot_bytes())
     return copy
+
+
+def test_claims_still_travel_with_one_cause_field_so_the_previous_release_reads_them() -> None:
+    import msgpack
+
+    cmd = ClaimSlots(at_us=T0, leader="n1", term=1, claims=(
+        Claim(job="b", slot_us=T0, trigger="dependency", node="n1", upstream="r10000"),
+        Claim(job="a", slot_us=T0, trigger="manual", node="n1", request_key="k1"),
+    ))
+    raw = encode_command(cmd)
+    wire = msgpack.unpackb(raw, raw=False)["d"]["claims"]
+    assert [(c["cause"], "upstream" in c, "request_key" in c) for c in wire] == [("r10000", False, False),
+                                                                                ("k1", False, False)]
+    assert decode_command(raw) == cmd
+    with pytest.raises(ValueError, match="carries no upstream"):
+        encode_command(ClaimSlots(at_us=T0, leader="n1", term=1, claims=(
+            Claim(job="a", slot_us=T0, trigger="manual", node="n1", request_key="k", upstream="r1"),)))
