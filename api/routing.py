@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler.duration import parse_instant
 from scheduler.errors import ValidationFailed
+from scheduler.instants import parse_instant
 
 __all__ = ["Param", "Route", "Handler", "parse_params", "encode_cursor", "decode_cursor", "openapi"]
 

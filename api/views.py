@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from scheduler.duration import format_instant
+from scheduler.instants import format_instant
 from scheduler.ledger import MAX_CLAIMS_PER_ENTRY
 from scheduler.planner import upcoming, walk_from_us
 from scheduler.redaction import mask_spec

@@ -24,9 +24,8 @@ import aiohttp
 
 from .clock import Clock
 from .commands import AlertResults
-from .duration import format_instant
 from .errors import RaftcronError
-from .planner import from_us, us
+from .instants import format_instant, from_us, us
 from .redaction import scrub_urls, shown_webhook
 from .service import Service
 

@@ -1,4 +1,4 @@
-"""Durations and instants as users write them.
+"""Durations as users write them (instants: ``scheduler.instants``).
 
 One grammar for every duration a user writes, in a job document, an agent option
 or the command line: ``90s``, ``5m``, ``1h30m``, ``2d`` or ``1.5h``, that is numbers
@@ -9,10 +9,6 @@ total must be a whole number of seconds: ``1.5h`` is 5400 s, ``1.5s`` is refused
 ``format_duration`` writes the canonical form (``5400 -> "1h30m"``) and
 ``parse_duration(format_duration(x)) == x`` for every valid ``x``.
 
-An instant is RFC 3339 with an offset or ``Z``; inside raftcron it is an aware
-UTC ``datetime`` and it is written back as ``2026-12-01T10:00:00Z`` (fraction
-only when present) by ``format_instant``, the one formatter of instants (the
-executors' identity headers and alert payloads included).
 """
 
 from __future__ import annotations
@@ -20,15 +16,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from datetime import UTC, datetime, timedelta, timezone
 from fractions import Fraction
 
 __all__ = [
     "MAX_DURATION",
     "format_duration",
-    "format_instant",
     "parse_duration",
-    "parse_instant",
 ]
 
 MAX_DURATION = 100 * 365 * 86400
@@ -36,11 +29,6 @@ MAX_DURATION = 100 * 365 * 86400
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
-_INSTANT_RE = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})"
-)
-
-
 def parse_duration(value: object) -> float:
     """Seconds in ``value`` (``"1h30m"``, ``"1.5h"``, ``"90s"``, ``90``), as a float.
 
@@ -104,53 +92,3 @@ def format_duration(seconds: float) -> str:
         if n:
             parts.append(f"{n}{unit}")
     return "".join(parts)
-
-
-def parse_instant(value: object) -> datetime:
-    """An aware UTC datetime from RFC 3339 text with an offset (or an aware datetime).
-
-    Fractions beyond microseconds are truncated. Raises ``ValueError``.
-    """
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("must carry a UTC offset")
-        return value.astimezone(UTC)
-    if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 timestamp string")  # noqa: TRY004
-    m = _INSTANT_RE.fullmatch(value.strip())
-    if m is None:
-        raise ValueError(
-            f"invalid RFC 3339 timestamp {value!r}: use e.g. '2026-12-01T10:00:00Z' or "
-            "'2026-12-01T11:00:00+01:00'"
-        )
-    year, month, day, hour, minute, second, frac, off = m.groups()
-    micro = int((frac or "").ljust(6, "0")[:6])
-    if off in ("Z", "z"):
-        tz = UTC
-    else:
-        sign = -1 if off[0] == "-" else 1
-        oh, om = int(off[1:3]), int(off[4:6])
-        if oh > 23 or om > 59:
-            raise ValueError(f"invalid UTC offset in {value!r}")
-        tz = timezone(sign * timedelta(hours=oh, minutes=om))
-    try:
-        t = datetime(
-            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
-        )
-        return t.astimezone(UTC)
-    except (ValueError, OverflowError) as exc:
-        raise ValueError(f"invalid RFC 3339 timestamp {value!r}: {exc}") from exc
-
-
-def format_instant(t: datetime) -> str:
-    """``2026-12-01T10:00:00Z``; ``.ffffffZ`` only when there are microseconds."""
-    if t.tzinfo is None:
-        raise ValueError("naive datetime: instants must be aware")
-    return _format_utc(t.astimezone(UTC))
-
-
-@functools.lru_cache(maxsize=4096)
-def _format_utc(t: datetime) -> str:
-    # Cached: a job view shows its next five slots, and jobs sharing a schedule share them.
-    # isoformat writes the fraction only when there are microseconds, as we want.
-    return t.replace(tzinfo=None).isoformat() + "Z"

@@ -23,8 +23,9 @@ from datetime import datetime
 from enum import Enum
 from typing import TypeVar, cast
 
-from scheduler.duration import parse_duration, parse_instant
+from scheduler.duration import parse_duration
 from scheduler.errors import FieldError
+from scheduler.instants import parse_instant
 
 __all__ = ["ROOT", "Fields", "Problems", "join", "type_name"]
 

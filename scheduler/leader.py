@@ -23,10 +23,10 @@ from typing import Any
 
 from .clock import Clock
 from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
-from .duration import format_instant
 from .errors import RaftcronError
+from .instants import format_instant, from_us
 from .model import Concurrency, Job
-from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, from_us, plan_job
+from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, plan_job
 from .runs import RunRecord
 from .service import Service
 from .state import Applied

@@ -21,9 +21,10 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from scheduler.duration import format_duration, format_instant
+from scheduler.duration import format_duration
 from scheduler.errors import ValidationFailed
 from scheduler.fields import Fields, Problems
+from scheduler.instants import format_instant
 from scheduler.jobrules import (
     check_instant,
     check_label_key,

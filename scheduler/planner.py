@@ -27,30 +27,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from .commands import Claim
+from .instants import from_us, us
 from .model import Job
 from .runs import RunRecord
 from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "walk_from_us", "next_slot_us", "upcoming", "due_retries",
-           "expired_runs", "dependency_claims", "fire_at_us", "us", "from_us"]
+           "expired_runs", "dependency_claims", "fire_at_us"]
 
-UTC = UTC
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
-
-
-def us(t: datetime) -> int:
-    """Aware datetime -> integer microseconds since the epoch, exactly."""
-    d = t - _EPOCH  # whole fields, not timedelta // timedelta: this runs several times per write
-    return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
-
-
-def from_us(v: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=v)
 
 
 @dataclass(frozen=True, slots=True)

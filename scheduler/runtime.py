@@ -36,8 +36,9 @@ from .clock import Clock
 from .commands import RegisterNode
 from .errors import RaftcronError
 from .executors.base import Executor
+from .instants import us
 from .leader import LeaderConfig, LeaderLoop
-from .planner import PlanConfig, us
+from .planner import PlanConfig
 from .service import Service
 from .skew import ClusterTime, SkewWatch, leader_lead_us, trusted
 from .state import Applied, State

@@ -51,12 +51,8 @@ from datetime import UTC, datetime, timedelta, tzinfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from scheduler.duration import (
-    format_duration,
-    format_instant,
-    parse_duration,
-    parse_instant,
-)
+from scheduler.duration import format_duration, parse_duration
+from scheduler.instants import format_instant, parse_instant
 
 __all__ = ["MANUAL", "Schedule", "ScheduleKind", "parse_schedule"]
 

@@ -32,9 +32,10 @@ from .commands import (
     encode_command,
 )
 from .errors import Conflict, NotFound, OutcomeUnknown, RaftcronError, Unavailable, ValidationFailed
+from .instants import us
 from .jobrules import check_body_pattern
 from .model import Job
-from .planner import NodeInfo, Picker, us
+from .planner import NodeInfo, Picker
 from .runs import RunRecord
 from .state import Applied, State
 

@@ -34,7 +34,7 @@ from .clock import Clock
 from .commands import NodeClock
 from .duration import parse_duration
 from .errors import RaftcronError
-from .planner import us
+from .instants import us
 from .service import Service
 
 __all__ = ["ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict", "SkewWatch", "trusted",

@@ -41,8 +41,9 @@ from .commands import (
 )
 from .errors import RaftcronError
 from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
+from .instants import from_us, us
 from .ledger import MAX_CLAIMS_PER_ENTRY
-from .planner import fire_at_us, from_us, us
+from .planner import fire_at_us
 from .runs import RunRecord
 from .service import Service
 from .skew import ClusterTime, leader_lead_us, not_before_local_us

@@ -7,8 +7,8 @@ from typing import Any
 from aiohttp import web
 
 from scheduler.errors import NotFound, ValidationFailed
+from scheduler.instants import us
 from scheduler.model import parse_job
-from scheduler.planner import us
 from scheduler.redaction import unmask_doc
 from scheduler.runs import RUN_STATUSES
 

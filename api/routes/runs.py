@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from scheduler.errors import NotFound
-from scheduler.planner import us
+from scheduler.instants import us
 from scheduler.runs import RUN_STATUSES, RunRecord
 
 from ..routing import Param, Route

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from scheduler.duration import format_instant
+from scheduler.instants import format_instant
 
 __all__ = ["Attempt", "Outcome", "OutcomeStatus", "Executor", "OUTPUT_CAP", "identity"]
 

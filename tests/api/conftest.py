@@ -47,7 +47,7 @@ from scheduler.commands import (
     RegisterNode,
     StartRuns,
 )
-from scheduler.planner import us
+from scheduler.instants import us
 from scheduler.service import Service
 from scheduler.state import Rejected, State
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from scheduler.commands import StartRuns
-from scheduler.planner import us
+from scheduler.instants import us
 
 if TYPE_CHECKING:
     from conftest import Cluster

@@ -23,7 +23,7 @@ from scheduler.commands import (
     StartRuns,
     encode_command,
 )
-from scheduler.planner import us
+from scheduler.instants import us
 from scheduler.state import Applied, State
 
 T0 = us(datetime(2026, 1, 1, tzinfo=UTC))

@@ -32,7 +32,7 @@ from scheduler.commands import (
     decode_command,
     encode_command,
 )
-from scheduler.planner import us
+from scheduler.instants import us
 
 T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 SPEC = {"name": "ping", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://example.test/hook"}}

@@ -8,10 +8,10 @@ import pytest
 
 from api import cli
 from scheduler.alert_sender import payload
-from scheduler.duration import format_duration, format_instant, parse_duration
+from scheduler.duration import format_duration, parse_duration
 from scheduler.executors import Attempt, identity
+from scheduler.instants import format_instant, us
 from scheduler.model import parse_job
-from scheduler.planner import us
 from scheduler.schedule import parse_schedule
 
 NOW = datetime(2026, 3, 4, 12, 0, 0, tzinfo=UTC)

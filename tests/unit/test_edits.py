@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.commands import Claim, ClaimSlots, PauseJob, PutJob
-from scheduler.planner import NodeInfo, Picker, PlanConfig, plan_job, us
+from scheduler.instants import us
+from scheduler.planner import NodeInfo, Picker, PlanConfig, plan_job
 from scheduler.state import Applied
 
 SEC = 1_000_000

@@ -10,7 +10,7 @@ from typing import Any
 from api.views import job_view
 from scheduler.commands import StartRuns
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
-from scheduler.planner import us
+from scheduler.instants import us
 from scheduler.state import State
 from tests.unit.test_simulation import _job, _sim
 

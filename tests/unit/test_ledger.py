@@ -17,8 +17,8 @@ from scheduler.commands import (
     RenewLeases,
     ReportLost,
 )
+from scheduler.instants import us
 from scheduler.ledger import LOSS_ATTEMPTS, OUTPUT_CAP, run_id_of, token_of
-from scheduler.planner import us
 
 T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
 MIN = 60_000_000

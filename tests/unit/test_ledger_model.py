@@ -50,6 +50,7 @@ from scheduler.commands import (
     decode_command,
     encode_command,
 )
+from scheduler.instants import us
 from scheduler.model import Job
 from scheduler.planner import (
     NodeInfo,
@@ -61,7 +62,6 @@ from scheduler.planner import (
     fire_at_us,
     plan_job,
     upcoming,
-    us,
 )
 from scheduler.state import Applied, State
 

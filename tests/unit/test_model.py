@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scheduler.commands import PutJob, decode_command, encode_command
 from scheduler.duration import format_duration, parse_duration
 from scheduler.errors import ValidationFailed
+from scheduler.instants import us
 from scheduler.model import (
     AlertEvent,
     CatchupPolicy,
@@ -28,7 +29,7 @@ from scheduler.model import (
     ShellSpec,
     parse_job,
 )
-from scheduler.planner import next_slot_us, us
+from scheduler.planner import next_slot_us
 from scheduler.schedule import parse_schedule
 
 MINIMAL: dict[str, Any] = {

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from raftlog.fsm import ApplyContext
 from scheduler.commands import ClaimSlots, PutJob, RegisterNode, encode_command
+from scheduler.instants import from_us, us
 from scheduler.model import Job, parse_job
 from scheduler.planner import (
     JobPlan,
@@ -20,11 +21,9 @@ from scheduler.planner import (
     dependency_claims,
     due_retries,
     expired_runs,
-    from_us,
     next_slot_us,
     plan_job,
     upcoming,
-    us,
 )
 from scheduler.state import Applied, State
 
@@ -436,7 +435,7 @@ def test_claims_of_an_unreachable_node_are_given_up_after_the_grace() -> None:
 @given(v=st.integers(min_value=-(10**15), max_value=253_402_300_799_999_999))  # 1938 .. 9999-12-31
 def test_microsecond_instants_convert_exactly_both_ways(v: int) -> None:
     from api.views import iso
-    from scheduler.duration import format_instant
+    from scheduler.instants import format_instant
 
     t = from_us(v)
     assert us(t) == v

@@ -20,7 +20,7 @@ from api.app import openapi_document
 from raftlog.fsm import ApplyContext
 from scheduler import ledger
 from scheduler.commands import CancelRun, ExpireRuns
-from scheduler.planner import us
+from scheduler.instants import us
 from scheduler.runs import (
     ACTIVE,
     CLAIM_STATUSES,

@@ -18,8 +18,9 @@ from scheduler.base import observed_role
 from scheduler.clock import FakeClock
 from scheduler.commands import Noop, PutJob
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
+from scheduler.instants import us
 from scheduler.model import parse_job
-from scheduler.planner import due_retries, us
+from scheduler.planner import due_retries
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.service import Service
 from scheduler.state import Applied, State

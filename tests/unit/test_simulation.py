@@ -20,9 +20,10 @@ from memraft import MemoryCommitter, MemoryNode
 from scheduler.clock import FakeClock
 from scheduler.commands import PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
+from scheduler.instants import from_us, us
 from scheduler.leader import LeaderConfig, LeaderLoop
 from scheduler.model import parse_job
-from scheduler.planner import PlanConfig, from_us, us
+from scheduler.planner import PlanConfig
 from scheduler.service import Service
 from scheduler.state import State
 from scheduler.worker import Worker

@@ -21,8 +21,8 @@ from raftlog.node import FAIL_REASON, NodeStatus
 from scheduler.clock import FakeClock
 from scheduler.commands import Claim, ClaimSlots, NodeClock, Noop, PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
+from scheduler.instants import us
 from scheduler.model import parse_job
-from scheduler.planner import us
 from scheduler.service import Service
 from scheduler.skew import ClockGuard, SkewWatch, leader_lead_us, not_before_local_us, parse_max_skew, trusted
 from scheduler.state import Applied, State

@@ -35,8 +35,8 @@ from scheduler.commands import (
     StartRuns,
     encode_command,
 )
+from scheduler.instants import us
 from scheduler.ledger import ACTIVE, MAX_CLAIMS_PER_ENTRY
-from scheduler.planner import us
 from scheduler.state import State
 
 T0 = us(datetime(2026, 1, 1, tzinfo=UTC))
