@@ -30,13 +30,11 @@ default webhook, whatever any job asks for:
 from __future__ import annotations
 
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .runs import RunRecord
 from .sections import AlertEvent
-
-if TYPE_CHECKING:
-    from .state import State
+from .store import Store
 
 __all__ = ["raise_alert", "raise_cluster_alert", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
 
@@ -44,12 +42,12 @@ MAX_KEPT = 1000  # delivered or given-up alerts kept; pending ones are never dro
 MAX_ATTEMPTS = 8
 
 
-def _wants(state: State, job_name: str, event: AlertEvent) -> bool:
+def _wants(state: Store, job_name: str, event: AlertEvent) -> bool:
     job = state.job(job_name)
     return job is not None and event in job.alerts.on
 
 
-def raise_alert(state: State, event: AlertEvent, run: RunRecord | None, job: str, at_us: int, **extra: Any) -> None:
+def raise_alert(state: Store, event: AlertEvent, run: RunRecord | None, job: str, at_us: int, **extra: Any) -> None:
     if not _wants(state, job, event):
         return
     state.alert_seq += 1
@@ -64,7 +62,7 @@ def raise_alert(state: State, event: AlertEvent, run: RunRecord | None, job: str
     _trim(state)
 
 
-def raise_cluster_alert(state: State, event: str, at_us: int, *, node: str, error: str | None = None,
+def raise_cluster_alert(state: Store, event: str, at_us: int, *, node: str, error: str | None = None,
                         **extra: Any) -> None:
     """An alert about the cluster rather than a job: no job, run or slot; ``node`` is the one concerned."""
     state.alert_seq += 1
@@ -77,13 +75,13 @@ def raise_cluster_alert(state: State, event: str, at_us: int, *, node: str, erro
     _trim(state)
 
 
-def _trim(state: State) -> None:
+def _trim(state: Store) -> None:
     done = [a for a, rec in state.alerts.items() if rec["status"] != "pending"]
     for aid in done[: max(0, len(done) - MAX_KEPT)]:
         del state.alerts[aid]
 
 
-def on_finished(state: State, run: RunRecord, rec: dict[str, Any], at_us: int) -> dict[str, Any]:
+def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int) -> dict[str, Any]:
     """After a finish changed ``run``; returns the job record's alert fields updated."""
     job = state.job(run["job"])
     if job is None:
@@ -101,7 +99,7 @@ def on_finished(state: State, run: RunRecord, rec: dict[str, Any], at_us: int) -
     return rec
 
 
-def _duration_check(state: State, run: RunRecord, at_us: int) -> None:
+def _duration_check(state: Store, run: RunRecord, at_us: int) -> None:
     if run["started_us"] is None or run["finished_us"] is None:
         return
     took = run["finished_us"] - run["started_us"]
@@ -122,16 +120,16 @@ def _duration_check(state: State, run: RunRecord, at_us: int) -> None:
                     typical_ms=int(typical) // 1000)
 
 
-def on_missed(state: State, job: str, count: int, first_us: int, last_us: int, at_us: int) -> None:
+def on_missed(state: Store, job: str, count: int, first_us: int, last_us: int, at_us: int) -> None:
     raise_alert(state, AlertEvent.MISSED, None, job, at_us, count=count, first_us=first_us, last_us=last_us,
                 error=f"{count} slot(s) missed while no leader could dispatch")
 
 
-def on_dead(state: State, run: RunRecord, at_us: int) -> None:
+def on_dead(state: Store, run: RunRecord, at_us: int) -> None:
     raise_alert(state, AlertEvent.DEAD, run, run["job"], at_us)
 
 
-def on_started(state: State, run: RunRecord, at_us: int) -> None:
+def on_started(state: Store, run: RunRecord, at_us: int) -> None:
     job = state.job(run["job"])
     if job is None or run["started_us"] is None:
         return

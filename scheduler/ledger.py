@@ -25,15 +25,13 @@ log index of the claiming entry and the claim's place in it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
 from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
-
-if TYPE_CHECKING:
-    from .state import State
+from .store import Store
 
 __all__ = [
     "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "withdraw_claims", "trim",
@@ -59,7 +57,7 @@ def run_id_of(token: int) -> str:
 # ---- claims ----------------------------------------------------------------
 
 
-def claim(state: State, cmd: ClaimSlots, index: int) -> dict[str, Any]:
+def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     created: list[RunRecord] = []
     refused: list[dict[str, Any]] = []
     # Taken before the claims below move last_slot_us: a plan's summary covers slots older
@@ -117,7 +115,7 @@ def _floor(rec: dict[str, Any] | None) -> int | None:
     return int(last) if since is None else max(int(last), int(since))
 
 
-def _alert_missed(state: State, created: list[RunRecord], summaries: list[dict[str, Any]], at_us: int) -> None:
+def _alert_missed(state: Store, created: list[RunRecord], summaries: list[dict[str, Any]], at_us: int) -> None:
     """One missed alert per job per decision, however many slots it covers."""
     spans: dict[str, tuple[int, int, int]] = {}
     for run in created:
@@ -132,7 +130,7 @@ def _alert_missed(state: State, created: list[RunRecord], summaries: list[dict[s
         alerts.on_missed(state, job, n, lo, hi, at_us)
 
 
-def _admissible(state: State, c: Claim, fanned: set[tuple[str, Any]], planned_us: int) -> str | None:
+def _admissible(state: Store, c: Claim, fanned: set[tuple[str, Any]], planned_us: int) -> str | None:
     rec = state.jobs.get(c.job)
     if rec is None:
         return "no such job"
@@ -183,7 +181,7 @@ def _cause_of(c: Claim) -> str | None:
     return c.upstream if c.trigger == "dependency" else c.request_key
 
 
-def _record(state: State, run: RunRecord, c: Claim) -> None:
+def _record(state: Store, run: RunRecord, c: Claim) -> None:
     rid, job = run["id"], run["job"]
     state.runs[rid] = run
     state.job_runs.setdefault(job, []).append(rid)
@@ -209,7 +207,7 @@ def _record(state: State, run: RunRecord, c: Claim) -> None:
     _trim(state, job)
 
 
-def _summarise(state: State, s: dict[str, Any], at_us: int) -> None:
+def _summarise(state: Store, s: dict[str, Any], at_us: int) -> None:
     rec = state.jobs.get(s.get("job", ""))
     if rec is None:
         return
@@ -224,7 +222,7 @@ def _summarise(state: State, s: dict[str, Any], at_us: int) -> None:
 # ---- attempts --------------------------------------------------------------
 
 
-def start(state: State, cmd: StartRuns) -> dict[str, Any]:
+def start(state: Store, cmd: StartRuns) -> dict[str, Any]:
     started, stale, already = [], [], []
     for rid in cmd.runs:
         run = state.runs.get(rid)
@@ -247,7 +245,7 @@ def _past_start(run: RunRecord) -> bool:
     return run["status"] == "running" or run["outcome"] is not None
 
 
-def renew(state: State, cmd: RenewLeases) -> dict[str, Any]:
+def renew(state: Store, cmd: RenewLeases) -> dict[str, Any]:
     stale, already = [], []
     for rid in cmd.runs:
         run = state.runs.get(rid)
@@ -265,7 +263,7 @@ def renew(state: State, cmd: RenewLeases) -> dict[str, Any]:
     return {"stale": stale, "already": already}
 
 
-def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
+def finish(state: Store, cmd: FinishRuns) -> dict[str, Any]:
     finished, stale, already = [], [], []
     for r in cmd.results:
         rid = r.get("run_id", "")
@@ -286,7 +284,7 @@ def finish(state: State, cmd: FinishRuns) -> dict[str, Any]:
     return {"finished": finished, "stale": stale, "already": already}
 
 
-def _finish_one(state: State, run: RunRecord, r: dict[str, Any], at_us: int) -> RunRecord:
+def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> RunRecord:
     job = state.job(run["job"])
     rec = state.jobs[run["job"]]
     outcome = str(r.get("status"))
@@ -325,7 +323,7 @@ def _finish_one(state: State, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     return new
 
 
-def _trigger_dependents(state: State, run: RunRecord) -> None:
+def _trigger_dependents(state: Store, run: RunRecord) -> None:
     ok = run["status"] == "succeeded"
     for name in state.dependents_of(run["job"]):
         job = state.job(name)
@@ -336,7 +334,7 @@ def _trigger_dependents(state: State, run: RunRecord) -> None:
             state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
 
 
-def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None) -> dict[str, Any]:
+def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None) -> dict[str, Any]:
     lost: list[RunRecord] = []
     for rid in run_ids:
         run = state.runs.get(rid)
@@ -362,7 +360,7 @@ def expire(state: State, run_ids: tuple[str, ...], at_us: int, reason: str, node
     return {"lost": lost}
 
 
-def _final_loss(state: State, run: RunRecord, at_us: int) -> None:
+def _final_loss(state: Store, run: RunRecord, at_us: int) -> None:
     """A loss nobody retries ends the slot as a failure: counted, alerted, dependents told."""
     rec = state.jobs.get(run["job"])
     if rec is None:
@@ -374,7 +372,7 @@ def _final_loss(state: State, run: RunRecord, at_us: int) -> None:
     _trigger_dependents(state, run)
 
 
-def cancel(state: State, cmd: CancelRun) -> Any:
+def cancel(state: Store, cmd: CancelRun) -> Any:
     run = state.runs.get(cmd.run_id)
     if run is None:
         return Rejected("not_found", f"no run with id {cmd.run_id!r}")
@@ -385,7 +383,7 @@ def cancel(state: State, cmd: CancelRun) -> Any:
     return {"cancelled": new}
 
 
-def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
+def _cancel_one(state: Store, rid: str, at_us: int, reason: str) -> bool:
     run = state.runs.get(rid)
     if run is None or rid not in state.active:
         return False
@@ -394,7 +392,7 @@ def _cancel_one(state: State, rid: str, at_us: int, reason: str) -> bool:
     return True  # the caller trims history once it no longer needs the record
 
 
-def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:
+def delete_dead(state: Store, cmd: DeleteDeadLetter) -> Any:
     if cmd.run_id not in state.dead:
         return Rejected("not_found", f"no dead letter with id {cmd.run_id!r}")
     del state.dead[cmd.run_id]
@@ -403,7 +401,7 @@ def delete_dead(state: State, cmd: DeleteDeadLetter) -> Any:
     return {"deleted": cmd.run_id}
 
 
-def withdraw_claims(state: State, job: str, at_us: int, reason: str) -> list[str]:
+def withdraw_claims(state: Store, job: str, at_us: int, reason: str) -> list[str]:
     """A job whose schedule, pause state or placement changed at ``at_us``: its schedule and
     catch-up attempts claimed ahead for slots after ``at_us`` and not started are withdrawn
     (recorded ``cancelled`` with ``reason``). Returns their ids.
@@ -424,7 +422,7 @@ def withdraw_claims(state: State, job: str, at_us: int, reason: str) -> list[str
     return cancelled
 
 
-def drop_history(state: State, job: str) -> int:
+def drop_history(state: Store, job: str) -> int:
     ids = state.job_runs.pop(job, [])
     for rid in ids:
         state.runs.pop(rid, None)
@@ -433,12 +431,12 @@ def drop_history(state: State, job: str) -> int:
     return len(ids)
 
 
-def trim(state: State, job_name: str) -> None:
+def trim(state: Store, job_name: str) -> None:
     """Bound the job's history to its ``history.keep`` (after an edit that may lower it)."""
     _trim(state, job_name)
 
 
-def _trim(state: State, job_name: str) -> None:
+def _trim(state: Store, job_name: str) -> None:
     """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
     job = state.job(job_name)
     keep = job.history.keep if job is not None else 100

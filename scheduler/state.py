@@ -45,7 +45,7 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
-from .runs import RunRecord
+from .store import Store
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION"]
 
@@ -63,23 +63,9 @@ class Applied:
     result: Any
 
 
-class State:
+class State(Store):
     def __init__(self) -> None:
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.runs: dict[str, RunRecord] = {}
-        self.job_runs: dict[str, list[str]] = {}
-        self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
-        self.dead: dict[str, None] = {}
-        self.pending_deps: dict[str, dict[str, Any]] = {}
-        self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
-        self.alerts: dict[str, dict[str, Any]] = {}
-        self.alert_seq = 0
-        self.clocks: dict[str, dict[str, Any]] = {}  # node id -> its clock as the leader last judged it (NodeClock)
-        self.applied_index = 0
-        self.last_noop: dict[str, Any] = {}
-        self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
-        self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
+        super().__init__()
         self._offered: dict[bytes, tuple[PutJob, Job]] = {}  # see offer()
         self._offer: Job | None = None  # the offered parse for the entry being applied
         # Local to this replica, never snapshotted, never read by apply: the leader loop on
@@ -167,32 +153,6 @@ class State:
         return Rejected("invalid", f"no transition for {cmd.TAG!r}")
 
     # ---- jobs ----------------------------------------------------------------
-
-    def job(self, name: str) -> Job | None:
-        """The parsed job; parsing is pure, so the cache is the same on every replica."""
-        parsed = self._parsed.get(name)
-        if parsed is None:
-            rec = self.jobs.get(name)
-            if rec is None:
-                return None
-            parsed = parse_job(rec["spec"])
-            self._parsed[name] = parsed
-        return parsed
-
-    def active_runs(self) -> list[RunRecord]:
-        """The records of the attempts in flight (claimed, running, or waiting for a retry)."""
-        return [r for rid in list(self.active) if (r := self.runs.get(rid)) is not None]
-
-    def dependents_of(self, upstream: str) -> list[str]:
-        """Jobs whose ``depends_on`` names ``upstream``, in job order (the same on every replica)."""
-        if self._dependents is None:
-            index: dict[str, list[str]] = {}
-            for name in self.jobs:
-                job = self.job(name)
-                if job is not None and job.depends_on is not None:
-                    index.setdefault(job.depends_on.job, []).append(name)
-            self._dependents = index
-        return self._dependents.get(upstream, [])
 
     def _put_job(self, cmd: PutJob) -> Any:
         job, self._offer = self._offer, None
@@ -348,12 +308,6 @@ class State:
                                        error_ms=None if cmd.error_us is None else cmd.error_us / 1000,
                                        leader=cmd.leader, reason=cmd.reason)
         return {"node": cmd.node, "skewed": cmd.skewed, "changed": changed}
-
-    def note(self, job: str, entry: dict[str, Any]) -> None:
-        notes = self.notes.setdefault(job, [])
-        notes.append(entry)
-        if len(notes) > 200:
-            del notes[: len(notes) - 200]
 
     # ---- snapshot --------------------------------------------------------------
 

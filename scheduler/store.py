@@ -1,0 +1,69 @@
+"""The replicated records themselves, apart from the transitions that change them.
+
+``State`` (``scheduler.state``) is this plus ``apply``, snapshots and restore; the
+ledger and the alert rules (``scheduler.ledger``, ``scheduler.alerts``) work on a
+``Store``, so neither needs the state machine that calls them (no import circle).
+Every record is replaced, never mutated in place, once stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import Job, parse_job
+from .runs import RunRecord
+
+__all__ = ["Store"]
+
+NOTES_KEPT = 200  # explain notes kept per job
+
+
+class Store:
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, RunRecord] = {}
+        self.job_runs: dict[str, list[str]] = {}
+        self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
+        self.dead: dict[str, None] = {}
+        self.pending_deps: dict[str, dict[str, Any]] = {}
+        self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
+        self.alerts: dict[str, dict[str, Any]] = {}
+        self.alert_seq = 0
+        self.clocks: dict[str, dict[str, Any]] = {}  # node id -> its clock as the leader last judged it (NodeClock)
+        self.applied_index = 0
+        self.last_noop: dict[str, Any] = {}
+        self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
+        self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
+
+    def job(self, name: str) -> Job | None:
+        """The parsed job; parsing is pure, so the cache is the same on every replica."""
+        parsed = self._parsed.get(name)
+        if parsed is None:
+            rec = self.jobs.get(name)
+            if rec is None:
+                return None
+            parsed = parse_job(rec["spec"])
+            self._parsed[name] = parsed
+        return parsed
+
+    def active_runs(self) -> list[RunRecord]:
+        """The records of the attempts in flight (claimed, running, or waiting for a retry)."""
+        return [r for rid in list(self.active) if (r := self.runs.get(rid)) is not None]
+
+    def dependents_of(self, upstream: str) -> list[str]:
+        """Jobs whose ``depends_on`` names ``upstream``, in job order (the same on every replica)."""
+        if self._dependents is None:
+            index: dict[str, list[str]] = {}
+            for name in self.jobs:
+                job = self.job(name)
+                if job is not None and job.depends_on is not None:
+                    index.setdefault(job.depends_on.job, []).append(name)
+            self._dependents = index
+        return self._dependents.get(upstream, [])
+
+    def note(self, job: str, entry: dict[str, Any]) -> None:
+        notes = self.notes.setdefault(job, [])
+        notes.append(entry)
+        if len(notes) > NOTES_KEPT:
+            del notes[: len(notes) - NOTES_KEPT]
