@@ -26,7 +26,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from api.app import create_app, openapi_document
 from api.context import ApiContext, Tokens
-from raftlog import Bridge, NodeConfig, RaftNode
+from raftlog import ApplyContext, Bridge, NodeConfig, RaftNode
+from raftlog.node import FAIL_REASON
 from scheduler.clock import SystemClock
 from scheduler.commands import (
     Claim,
@@ -277,3 +278,21 @@ def api(cluster: Cluster) -> Iterator[Cluster]:
     yield cluster
     problems, cluster.problems[:] = list(cluster.problems), []
     assert not problems, "responses that break the API's own spec:\n" + "\n".join(problems)
+
+
+class OneReplica:
+    """Stands in for RaftNode in tests that need no HTTP: commits and applies at once, and leads."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.index = 0
+
+    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+        self.index += 1
+        callback(self.state.apply(payload, ApplyContext(index=self.index)), FAIL_REASON.SUCCESS)
+
+    def is_leader(self) -> bool:
+        return True
+
+    def leader(self) -> str:
+        return "mem:1"

@@ -8,38 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from raftlog import ApplyContext, Bridge
-from raftlog.node import FAIL_REASON
+from raftlog import Bridge
 from scheduler.alert_sender import AlertSender
 from scheduler.clock import SystemClock
 from scheduler.commands import NodeClock, RegisterNode
 from scheduler.service import Service
 from scheduler.state import State
+from tests.api.conftest import OneReplica
 
 SECRET = "T0/B0/s3cr3tH00K"
-
-
-class OneReplica:
-    """Stands in for RaftNode: commits and applies at once, and leads."""
-
-    def __init__(self, state: State) -> None:
-        self.state = state
-        self.index = 0
-
-    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
-        self.index += 1
-        callback(self.state.apply(payload, ApplyContext(index=self.index)), FAIL_REASON.SUCCESS)
-
-    def is_leader(self) -> bool:
-        return True
-
-    def leader(self) -> str:
-        return "mem:1"
 
 
 async def _one_failed_delivery(webhook: str) -> dict[str, Any]:

@@ -7,38 +7,19 @@ at once; the webhooks are aiohttp test servers on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from raftlog import ApplyContext, Bridge
-from raftlog.node import FAIL_REASON
+from raftlog import Bridge
 from scheduler.alert_sender import AlertSender
 from scheduler.clock import SystemClock
 from scheduler.commands import NodeClock, PutJob, RegisterNode
 from scheduler.model import parse_job
 from scheduler.service import Service
 from scheduler.state import State
-
-
-class OneReplica:
-    """Stands in for RaftNode: commits and applies at once, and leads."""
-
-    def __init__(self, state: State) -> None:
-        self.state = state
-        self.index = 0
-
-    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
-        self.index += 1
-        callback(self.state.apply(payload, ApplyContext(index=self.index)), FAIL_REASON.SUCCESS)
-
-    def is_leader(self) -> bool:
-        return True
-
-    def leader(self) -> str:
-        return "mem:1"
+from tests.api.conftest import OneReplica
 
 
 async def _receiver() -> tuple[TestServer, list[tuple[dict[str, Any], dict[str, str]]]]:

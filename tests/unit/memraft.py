@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,6 @@ from raftlog import ApplyContext, ClockEstimate, RoleChange
 from raftlog.bridge import NotCommitted, UnknownOutcome
 from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
 from scheduler.state import Applied, State
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    offset: float
-    error: float
-    age: float
 
 
 class MemoryNode:
@@ -95,10 +87,10 @@ class MemoryNode:
         return 0  # nothing in a journal: this replica starts empty
 
     def clock_offset_to_leader(self) -> ClockEstimate | None:
-        return Estimate(0.0, 0.0, 0.0) if self._leading else None
+        return ClockEstimate(0.0, 0.0, 0.0) if self._leading else None
 
     def member_clocks(self) -> Mapping[str, ClockEstimate]:
-        return {"mem:1": Estimate(0.0, 0.0, 0.0)} if self._leading else {}
+        return {"mem:1": ClockEstimate(0.0, 0.0, 0.0)} if self._leading else {}
 
 
 class MemoryCommitter:

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from memraft import MemoryNode
 
-from raftlog import ApplyContext, Bridge, ClockEstimate
-from raftlog.node import FAIL_REASON, NodeStatus
+from raftlog import Bridge, ClockEstimate
 from scheduler.clock import FakeClock
 from scheduler.commands import Claim, ClaimSlots, NodeClock, Noop, PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
@@ -25,53 +25,31 @@ from scheduler.instants import us
 from scheduler.model import parse_job
 from scheduler.service import Service
 from scheduler.skew import ClockGuard, SkewWatch, leader_lead_us, not_before_local_us, parse_max_skew, trusted
-from scheduler.state import Applied, State
+from scheduler.state import State
 from scheduler.worker import Worker
 
 LOCAL0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 JOB = {"name": "tick", "schedule": "@hourly", "executor": "http", "http": {"url": "http://sink.test/x"}}
 
 
-class SkewedNode:
-    """Stands in for RaftNode: one replica that commits and applies at once, and whose estimates
-    of the leader's clock (and of the members') are whatever the test sets."""
+class SkewedNode(MemoryNode):
+    """The in-memory replica, whose estimates of the leader's clock (and of the members') are
+    whatever the test sets, and whose known leader's address the test may move."""
 
     def __init__(self, state: State, estimate: ClockEstimate | None) -> None:
-        self.state = state
-        self.index = 0
-        self.leading = True
-        self.term = 1
-        self.hooks: list[Callable[[Applied], None]] = []
+        super().__init__(state)
         self.estimate = estimate
         self.clocks: dict[str, ClockEstimate] = {}
         self.addr = "mem:1"  # the leader's raft address
 
-    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
-        self.index += 1
-        result = self.state.apply(payload, ApplyContext(index=self.index))
-        if isinstance(result, Applied):
-            for hook in self.hooks:
-                hook(result)
-        callback(result, FAIL_REASON.SUCCESS)
-
-    def is_leader(self) -> bool:
-        return self.leading
-
-    def leader_contact_age(self) -> float:
-        return 0.0
-
-    def status(self) -> NodeStatus:
-        return NodeStatus(raft_addr="mem:1", state="leader", leader=self.leader(), term=self.term,
-                          commit_index=self.index, applied_index=self.index, has_quorum=True, raft_thread_alive=True)
+    def leader(self) -> str | None:
+        return self.addr if self.leading else None
 
     def clock_offset_to_leader(self) -> ClockEstimate | None:
         return self.estimate
 
     def member_clocks(self) -> dict[str, ClockEstimate]:
         return dict(self.clocks)
-
-    def leader(self) -> str | None:
-        return self.addr if self.leading else None
 
 
 class Recorder:
