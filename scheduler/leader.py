@@ -159,6 +159,7 @@ class LeaderLoop:
             try:
                 job, rec = self.state.job(name), self.state.jobs.get(name)
                 if job is None or rec is None:
+                    self.state.planning_errors.pop(name, None)  # deleted: a job made again starts clean
                     continue
                 # Only forbid / replace look at the job's attempts in flight; read them fresh.
                 busy = [] if job.concurrency is Concurrency.ALLOW else self._active_of(name)

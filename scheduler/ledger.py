@@ -87,7 +87,7 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         created.append(run)
     cancelled = [rid for rid in cmd.cancel if _cancel_one(state, rid, cmd.at_us, "replaced by a newer slot")]
     for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
-        _trim(state, job)
+        trim(state, job)
     summaries = []
     for s in cmd.summaries:
         floor = floors.get(s.get("job", ""))
@@ -204,7 +204,7 @@ def _record(state: Store, run: RunRecord, c: Claim) -> None:
     elif run["status"] == "missed":
         rec = {**rec, "missed_total": rec["missed_total"] + 1}  # summaries add their count
     state.jobs[job] = rec
-    _trim(state, job)
+    trim(state, job)
 
 
 def _summarise(state: Store, s: dict[str, Any], at_us: int) -> None:
@@ -319,7 +319,7 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     if new["status"] == "dead":
         alerts.on_dead(state, new, at_us)
     state.jobs[run["job"]] = rec
-    _trim(state, run["job"])  # an attempt that ended no longer holds history open
+    trim(state, run["job"])  # an attempt that ended no longer holds history open
     return new
 
 
@@ -355,7 +355,7 @@ def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node
         state.runs[rid] = new
         if rid not in state.active:
             _final_loss(state, new, at_us)
-        _trim(state, run["job"])
+        trim(state, run["job"])
         lost.append(new)
     return {"lost": lost}
 
@@ -379,7 +379,7 @@ def cancel(state: Store, cmd: CancelRun) -> Any:
     if not _cancel_one(state, cmd.run_id, cmd.at_us, cmd.reason):
         return Rejected("conflict", f"run {cmd.run_id} is {run['status']}; only claimed, running or retrying runs can be cancelled")
     new = state.runs[cmd.run_id]
-    _trim(state, new["job"])
+    trim(state, new["job"])
     return {"cancelled": new}
 
 
@@ -397,7 +397,7 @@ def delete_dead(state: Store, cmd: DeleteDeadLetter) -> Any:
         return Rejected("not_found", f"no dead letter with id {cmd.run_id!r}")
     del state.dead[cmd.run_id]
     state.runs[cmd.run_id] = {**state.runs[cmd.run_id], "dead_deleted": True}
-    _trim(state, state.runs[cmd.run_id]["job"])
+    trim(state, state.runs[cmd.run_id]["job"])
     return {"deleted": cmd.run_id}
 
 
@@ -418,7 +418,7 @@ def withdraw_claims(state: Store, job: str, at_us: int, reason: str) -> list[str
         and run["trigger"] in SCHEDULED and run["slot_us"] > at_us
         and _cancel_one(state, rid, at_us, reason)
     ]
-    _trim(state, job)  # the new spec may keep less history
+    trim(state, job)  # the new spec may keep less history
     return cancelled
 
 
@@ -432,11 +432,6 @@ def drop_history(state: Store, job: str) -> int:
 
 
 def trim(state: Store, job_name: str) -> None:
-    """Bound the job's history to its ``history.keep`` (after an edit that may lower it)."""
-    _trim(state, job_name)
-
-
-def _trim(state: Store, job_name: str) -> None:
     """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
     job = state.job(job_name)
     keep = job.history.keep if job is not None else 100

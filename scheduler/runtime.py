@@ -186,6 +186,8 @@ class SchedulerRuntime:
         self._lead_task = asyncio.get_running_loop().create_task(self._lead(self.service, change.term), name="leader")
 
     def _stop_leading(self) -> None:
+        # What this node's leader loop could not plan says nothing once another node plans.
+        self.state.planning_errors.clear()
         if self._lead_task is not None and not self._lead_task.done():
             self._lead_task.cancel()
         self._lead_task = None

@@ -299,10 +299,8 @@ class SkewWatch:
         own = verdict.leader
         if own is None or not own.skewed:
             return now
-        rec = self.state.clocks.get(self.svc.node_id)
-        if rec is None or not rec["skewed"] or rec["leader"] != self.svc.node_id or rec["offset_us"] is None:
-            return None
-        return now - int(rec["offset_us"])
+        lead = _recorded_lead(self.state.clocks, self.svc.node_id)
+        return None if lead is None else now - lead[0]
 
     async def run(self) -> None:
         node = self.svc.node
@@ -374,9 +372,15 @@ def leader_lead_us(clocks: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, 
     if leader_addr is None:
         return 0, 0
     leader = next((n["node_id"] for n in list(nodes.values()) if n["raft_addr"] == leader_addr), None)
-    rec = clocks.get(leader) if leader is not None else None
+    lead = _recorded_lead(clocks, leader) if leader is not None else None
+    return (0, 0) if lead is None else lead
+
+
+def _recorded_lead(clocks: Mapping[str, Mapping[str, Any]], leader: str) -> tuple[int, int] | None:
+    """The lead (and its error) ``leader`` recorded for its own clock while it led, if skewed."""
+    rec = clocks.get(leader)
     if rec is None or not rec["skewed"] or rec["leader"] != leader or rec["offset_us"] is None:
-        return 0, 0
+        return None
     return int(rec["offset_us"]), int(rec["error_us"] or 0)
 
 

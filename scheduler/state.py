@@ -195,16 +195,17 @@ class State(Store):
         self._parsed[job.name] = job
         self._dependents = None
         if old is not None:
-            cancelled = self._edited(job.name, old["spec"], spec, cmd.at_us)
+            cancelled = self._edited(job.name, old["spec"], spec, cmd.at_us, moved)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
 
-    def _edited(self, name: str, before: dict[str, Any], after: dict[str, Any], at_us: int) -> list[str]:
+    def _edited(self, name: str, before: dict[str, Any], after: dict[str, Any], at_us: int,
+                moved: list[str]) -> list[str]:
         """An edit of a job at ``at_us``: what it does to claims made under the old document.
 
         Claims stand through an edit that changes neither which slots the job has nor where
         and how they run (a URL, a description, retries: the worker reads the document in
-        force when it fires). Otherwise they are withdrawn (``ledger.withdraw_claims``)."""
-        moved = [k for k in _SLOT_FIELDS if before.get(k) != after.get(k)]
+        force when it fires). Otherwise they are withdrawn (``ledger.withdraw_claims``).
+        ``moved``: the slot fields that changed."""
         placed = [k for k in _PLACEMENT_FIELDS if before.get(k) != after.get(k)]
         if not (moved or placed):
             ledger.trim(self, name)  # the new document may keep less history
@@ -257,13 +258,12 @@ class State(Store):
             **rec, "spec": spec, "pause_note": cmd.note,
             "version": rec["version"] + (1 if changed else 0),
             "updated_us": cmd.at_us if changed else rec["updated_us"],
-        }
-        self._parsed.pop(cmd.name, None)
-        if changed:
             # Pausing and resuming are edits: slots from this instant on follow the new state,
             # and a resumed job never runs, catches up or records the slots of its pause that
             # were not decided while it was paused.
-            self.jobs[cmd.name] = {**self.jobs[cmd.name], "spec_since_us": cmd.at_us}
+            **({"spec_since_us": cmd.at_us} if changed else {}),
+        }
+        self._parsed.pop(cmd.name, None)
         verb = "paused" if cmd.paused else "resumed"
         self.note(cmd.name, {"at_us": cmd.at_us, "decision": verb, "reason": cmd.note or f"{verb} by an operator"})
         cancelled = ledger.withdraw_claims(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []

@@ -65,7 +65,9 @@ class Worker:
         self.me = service.node_id
         self.clock = clock
         # The executors take their ``now`` from the same ClusterTime (the agent builds one for both).
-        self.cluster = cluster if cluster is not None else ClusterTime(clock, service.node.clock_offset_to_leader)
+        self.cluster = cluster if cluster is not None else ClusterTime(
+            clock, service.node.clock_offset_to_leader,
+            lambda: leader_lead_us(self.state.clocks, self.state.nodes, service.node.leader())[0])
         self.max_skew = max_skew
         self.skewed = False  # this node's own clock beyond max_skew from the leader's (see _clock_ok)
         self.executors = executors
@@ -303,8 +305,9 @@ class Worker:
         if not self._starts:
             return
         batch = dict(list(self._starts.items())[:BATCH])
-        lease_until = self.cluster.now_us() + int(self.lease * 1e6)
-        await self.svc.propose(StartRuns(at_us=self.cluster.now_us(), node=self.me, runs=tuple(batch),
+        now = self.cluster.now_us()
+        lease_until = now + int(self.lease * 1e6)
+        await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
                                          started_us=batch, lease_until_us=lease_until), attempts=1)
         for rid in batch:
             self._starts.pop(rid, None)
@@ -320,8 +323,9 @@ class Worker:
     async def _renew(self) -> None:
         running = tuple(r for r in self._running if r not in self._starts)
         if running:
-            until = self.cluster.now_us() + int(self.lease * 1e6)
-            await self.svc.propose(RenewLeases(at_us=self.cluster.now_us(), node=self.me, runs=running,
+            now = self.cluster.now_us()
+            until = now + int(self.lease * 1e6)
+            await self.svc.propose(RenewLeases(at_us=now, node=self.me, runs=running,
                                                lease_until_us=until), attempts=1, timeout=self.lease / 3)
 
     # ---- after a restart ------------------------------------------------------------------
