@@ -301,14 +301,16 @@ class GuardedConnection:
                 end = start + _HEADER.size + length
                 if len(buf) < end:
                     break
-                message = self._decode(bytes(buf[start + _HEADER.size:end]))
+                message = self._decode(bytes(memoryview(buf)[start + _HEADER.size:end]))  # one copy
                 start = end
                 if message is _INVALID:
                     self.disconnect()
                     return False
                 if self._on_message is not None:
                     self._on_message(message)
-                if self._state == CONNECTION_STATE.DISCONNECTED:
+                if self._state == CONNECTION_STATE.DISCONNECTED or buf is not self._rbuf:
+                    # Closed by the callback, or closed and connected again (pysyncobj reconnects
+                    # in its disconnect handler): the rest of this buffer is the old socket's.
                     return False
         finally:
             if start and buf is self._rbuf:

@@ -17,6 +17,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from .clock import CLOCK_REQUEST, CLOCK_RESPONSE, ClockSync
 from .journal import _DurableJournal
+from .transport import BATCH, KEEPALIVE
 
 __all__ = ["_Pacer", "_contact_at"]
 
@@ -99,7 +100,7 @@ class _Pacer:
 
     def inbound(self, node: Any, message: Any) -> None:
         kind = message.get("type") if type(message) is dict else None
-        if kind == "rc_batch":  # see _Host._rc_send: delivered one by one, in order
+        if kind == BATCH:  # see _Host._rc_send: delivered one by one, in order
             for one in message.get("messages") or ():
                 self.inbound(node, one)
             return
@@ -107,11 +108,12 @@ class _Pacer:
             self._clock_message(node, message)
             return
         journal = None
-        if kind == "rc_keepalive":
-            if message.get("batch"):
-                self._host._rc_batch_peers.add(node.id)
-            if message.get("clock") and self._clock is not None:
-                self._clock.peers.add(node.id)
+        if kind == KEEPALIVE["type"]:
+            # Read on every keepalive, not only added: a peer restarted on an older release
+            # must stop being sent what it cannot read.
+            _note(self._host._rc_batch_peers, node, bool(message.get("batch")))
+            if self._clock is not None:
+                _note(self._clock.peers, node, bool(message.get("clock")))
         elif kind == "append_entries" and message.get("entries"):
             message = self._trim(message)
             # One sync for the whole batch, not one per entry: _Host syncs before the answer
@@ -183,3 +185,10 @@ def _contact_at(host: Any, pacer: _Pacer) -> float:
     answered = host._SyncObj__lastResponseTime
     times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
     return float(times[(len(others) + 1) // 2 - 1])
+
+
+def _note(peers: set[Any], node: Any, supported: bool) -> None:
+    if supported:
+        peers.add(node.id)
+    elif peers:
+        peers.discard(node.id)
