@@ -38,7 +38,7 @@ from .instants import us
 from .service import Service
 
 __all__ = ["ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict", "SkewWatch", "trusted",
-           "leader_lead_us", "not_before_local_us", "parse_max_skew"]
+           "estimated_lead_us", "leader_lead_us", "not_before_local_us", "parse_max_skew"]
 
 log = logging.getLogger("raftcron.skew")
 
@@ -374,6 +374,16 @@ def leader_lead_us(clocks: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, 
     leader = next((n["node_id"] for n in list(nodes.values()) if n["raft_addr"] == leader_addr), None)
     lead = _recorded_lead(clocks, leader) if leader is not None else None
     return (0, 0) if lead is None else lead
+
+
+def estimated_lead_us(clocks: Mapping[str, ClockEstimate], leader_addr: str, max_skew: float) -> tuple[int, int]:
+    """The leader's lead over its followers' median clock as this node estimates it from
+    ``member_clocks()`` (each member's wall minus the leader's), by ``ClockGuard``'s rule: only
+    when more than half the measured followers are beyond ``max_skew``; else ``(0, 0)``."""
+    others = [est for addr, est in clocks.items() if addr != leader_addr]
+    if not others or 2 * sum(abs(est.offset) > max_skew for est in others) <= len(others):
+        return 0, 0
+    return round(-_median([est.offset for est in others]) * 1e6), round(max(est.error for est in others) * 1e6)
 
 
 def _recorded_lead(clocks: Mapping[str, Mapping[str, Any]], leader: str) -> tuple[int, int] | None:

@@ -46,7 +46,7 @@ from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us
 from .runs import RunRecord
 from .service import Service
-from .skew import ClusterTime, leader_lead_us, not_before_local_us
+from .skew import ClusterTime, estimated_lead_us, leader_lead_us, not_before_local_us
 from .state import Applied
 
 __all__ = ["Worker"]
@@ -219,7 +219,13 @@ class Worker:
         waiting_since: float | None = None
         while True:
             est = self.cluster.estimate()
-            lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, self.svc.node.leader())
+            leader = self.svc.node.leader()
+            lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, leader)
+            if not lead and leader is not None:
+                # Not recorded (yet): a newly elected leader far from the others commits its lead
+                # only after its barrier, while the slots the previous leader claimed fire now.
+                # This node's own estimates of the members' clocks tell the same lead.
+                lead, lead_error = estimated_lead_us(self.svc.node.member_clocks(), leader, self.max_skew)
             basis = est or self.cluster.last
             local_due = due if basis is None else not_before_local_us(due, basis)
             # A leader that recorded its own clock far from most of its followers' (NodeClock on

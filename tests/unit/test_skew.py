@@ -611,3 +611,25 @@ def test_cluster_time_is_the_leaders_clock_less_its_recorded_lead() -> None:
     assert ct.now() == LOCAL0 - timedelta(seconds=3), "this node runs 3 s ahead of the leader"
     lead["us"] = 30_000_000  # the leader recorded itself 30 s ahead of its followers' median
     assert ct.now() == LOCAL0 - timedelta(seconds=33), "leases and starts in the time the leader plans by"
+
+
+@pytest.mark.parametrize("leader_ahead", [-3.0, 3.0])
+async def test_a_new_leader_far_from_the_others_is_corrected_before_its_lead_is_recorded(leader_ahead: float) -> None:
+    # Just elected, n0's clock is 3 s off both followers' and nothing is recorded yet: the
+    # slots the previous leader claimed fire by the followers' clock, this node's estimates of
+    # the members' clocks telling the lead (a 3 s slow leader made them 3 s late before).
+    clock, state, node, service, rec = await _setup(ClockEstimate(leader_ahead, 0.01, 0.0))
+    await service.propose(RegisterNode(at_us=us(LOCAL0), node_id="n0", raft_addr="mem:0", http_addr="mem:9"))
+    node.addr = "mem:0"  # n0 leads
+    node.clocks = {"mem:0": _est(0.0), "mem:1": _est(-leader_ahead), "mem:2": _est(-leader_ahead + 0.01)}
+    assert leader_lead_us(state.clocks, state.nodes, "mem:0") == (0, 0), "nothing recorded"
+    worker = _worker(service, clock, rec)
+    worker.start()
+    try:
+        slot = LOCAL0 + timedelta(seconds=10)  # by this node's (the majority's) clock
+        await _claim(service, slot)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=20))
+        assert len(rec.fired) == 1 and not worker.skewed
+        assert slot <= rec.fired[0][1] <= slot + timedelta(seconds=0.05)
+    finally:
+        await worker.stop()
