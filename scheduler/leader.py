@@ -94,9 +94,11 @@ class LeaderLoop:
             return
         led_since = self.clock.monotonic()
         log.info("leader loop started after barrier (term %d)", term)
-        now = self.svc.now_us()
+        # Every job is due at the first tick: 0, not this node's wall clock, which a leader far
+        # from its followers does not plan by (its first ticks would wait until the planning
+        # instant caught up with its own clock: 30 s of nothing, seen with a clock 30 s fast).
         for name in list(self.state.jobs):
-            heapq.heappush(self._heap, (now, name))
+            heapq.heappush(self._heap, (0, name))
         while self.svc.node.is_leader() and self.svc.node.status().term == term:
             try:
                 await self._tick(led_since)
