@@ -633,3 +633,24 @@ async def test_a_new_leader_far_from_the_others_is_corrected_before_its_lead_is_
         assert slot <= rec.fired[0][1] <= slot + timedelta(seconds=0.05)
     finally:
         await worker.stop()
+
+
+async def test_a_leader_planning_30s_behind_its_own_clock_plans_at_its_first_tick() -> None:
+    # The leader's clock is 30 s fast and it plans by its followers' (SkewWatch.planning_now_us):
+    # its jobs are due at the first tick, not when the planning instant catches up with its wall
+    # clock (before, a leader 30 s fast planned nothing for 30 s, then skipped those slots).
+    from scheduler.leader import LeaderConfig, LeaderLoop
+
+    clock, state, node, service, _ = await _setup(ClockEstimate(0, 0, 0))
+    await service.propose(PutJob(at_us=us(LOCAL0) - 60_000_000, spec=parse_job(
+        {**JOB, "name": "every", "schedule": "@every 1s"}).to_doc()))
+    loop = LeaderLoop(service, clock, LeaderConfig(), lambda: {"n1"}, lambda: us(clock.now()) - 30_000_000)
+    task = asyncio.create_task(loop.run())
+    try:
+        for _ in range(10):
+            await _settle()
+            clock.advance(0.05)
+        assert state.job_runs["every"], "claims made within the first ticks"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
