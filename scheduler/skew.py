@@ -376,12 +376,17 @@ def leader_lead_us(clocks: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, 
     return (0, 0) if lead is None else lead
 
 
-def estimated_lead_us(clocks: Mapping[str, ClockEstimate], leader_addr: str, max_skew: float) -> tuple[int, int]:
+def estimated_lead_us(clocks: Mapping[str, ClockEstimate], leader_addr: str, max_skew: float,
+                      followers: int) -> tuple[int, int]:
     """The leader's lead over its followers' median clock as this node estimates it from
     ``member_clocks()`` (each member's wall minus the leader's), by ``ClockGuard``'s rule: only
-    when more than half the measured followers are beyond ``max_skew``; else ``(0, 0)``."""
+    when more than half of ALL the leader's ``followers`` (the cluster's size less one, measured
+    or not) are beyond ``max_skew``; else ``(0, 0)``. Counting only the measured ones would let a
+    follower whose own clock is the far one, before it has measured the other followers, take the
+    leader for the skewed node and fire its slots early by its own clock."""
     others = [est for addr, est in clocks.items() if addr != leader_addr]
-    if not others or 2 * sum(abs(est.offset) > max_skew for est in others) <= len(others):
+    far = sum(abs(est.offset) > max_skew for est in others)
+    if not others or 2 * far <= max(followers, len(others)):
         return 0, 0
     return round(-_median([est.offset for est in others]) * 1e6), round(max(est.error for est in others) * 1e6)
 

@@ -225,7 +225,8 @@ class Worker:
                 # Not recorded (yet): a newly elected leader far from the others commits its lead
                 # only after its barrier, while the slots the previous leader claimed fire now.
                 # This node's own estimates of the members' clocks tell the same lead.
-                lead, lead_error = estimated_lead_us(self.svc.node.member_clocks(), leader, self.max_skew)
+                followers = len(self.svc.node.status().partners)  # the cluster less the leader
+                lead, lead_error = estimated_lead_us(self.svc.node.member_clocks(), leader, self.max_skew, followers)
             basis = est or self.cluster.last
             local_due = due if basis is None else not_before_local_us(due, basis)
             # A leader that recorded its own clock far from most of its followers' (NodeClock on

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from memraft import MemoryNode
 
-from raftlog import Bridge, ClockEstimate
+from raftlog import Bridge, ClockEstimate, MemberStatus, NodeStatus
 from scheduler.clock import FakeClock
 from scheduler.commands import Claim, ClaimSlots, NodeClock, Noop, PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
@@ -41,6 +42,7 @@ class SkewedNode(MemoryNode):
         self.estimate = estimate
         self.clocks: dict[str, ClockEstimate] = {}
         self.addr = "mem:1"  # the leader's raft address
+        self.partners: tuple[str, ...] = ()
 
     def leader(self) -> str | None:
         return self.addr if self.leading else None
@@ -50,6 +52,11 @@ class SkewedNode(MemoryNode):
 
     def member_clocks(self) -> dict[str, ClockEstimate]:
         return dict(self.clocks)
+
+    def status(self) -> NodeStatus:
+        # The members are whatever the test names in ``partners`` (the other raft addresses).
+        return replace(super().status(), partners=tuple(
+            MemberStatus(raft_addr=a, connected=True, match_index=None) for a in self.partners))
 
 
 class Recorder:
@@ -654,3 +661,28 @@ async def test_a_leader_planning_30s_behind_its_own_clock_plans_at_its_first_tic
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_follower_far_ahead_that_measured_only_itself_does_not_take_the_leader_for_the_far_one() -> None:
+    # Seen in the clock-skew cluster test (a follower at +3 s, 1 delivery 1.8 s early): just
+    # after an election this node (mem:1, 3 s ahead of the leader mem:0) had measured the
+    # leader but not the third member; judged by the measured followers only, itself the one
+    # measured, "all followers far" made the leader look 3 s ahead, its lead was subtracted
+    # and the slot fired 3 s early by the leader's clock. Of the leader's two followers one
+    # far one is no majority: the attempt is not started early (this node is the skewed one).
+    clock, state, node, service, rec = await _setup(ClockEstimate(-3.0, 0.01, 0.0))
+    await service.propose(RegisterNode(at_us=us(LOCAL0), node_id="n0", raft_addr="mem:0", http_addr="mem:9"))
+    node.addr = "mem:0"
+    node.partners = ("mem:0", "mem:2")
+    node.clocks = {"mem:0": _est(0.0), "mem:1": _est(3.0)}  # mem:2 not measured yet
+    worker = _worker(service, clock, rec)
+    worker.start()
+    try:
+        slot = LOCAL0 + timedelta(seconds=10)  # by the leader's clock: this node's LOCAL0 + 13 s
+        await _claim(service, slot)
+        await _run_until(clock, LOCAL0 + timedelta(seconds=20))
+        early = [t for _, t in rec.fired if t < slot + timedelta(seconds=3)]
+        assert not early, f"started by this node's clock at {early}, before the leader's clock reached the slot"
+        assert worker.skewed, "this node, 3 s from the leader and not from a majority of followers, is the skewed one"
+    finally:
+        await worker.stop()
