@@ -13,6 +13,7 @@ from __future__ import annotations
 import email.utils
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -66,15 +67,35 @@ def faketime_env(library: Path, clock_file: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    """Ports free now and outside the kernel's ephemeral range.
+
+    A port the kernel hands out for bind(0) comes from the ephemeral range, which outgoing
+    connections draw their local ports from too: a node restarted on its port could find it
+    taken by another connection's local end (EADDRINUSE). Below that range only listeners
+    take ports.
+    """
+    ephemeral = _ephemeral_range()
+    pool = [p for p in range(10_000, 30_000) if p not in ephemeral]
+    ports: list[int] = []
+    for port in random.sample(pool, len(pool)):
+        if len(ports) == n:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    assert len(ports) == n, f"only {len(ports)} of {n} free ports below the ephemeral range"
     return ports
 
 

@@ -160,16 +160,27 @@ def _settled_runs(api: _Api, job: str, until: float, timeout: float, verdict: Ve
             verdict.violations.append(f"{job}: the job is gone (404)")
             return None
         runs = api.runs(job)
-        open_ = [r for r in runs if r["status"] in UNSETTLED and _epoch(r["slot"]) <= until]
+        open_ = [r for r in runs if _unsettled(r) and _epoch(r["slot"]) <= until]
         if not open_:
             return runs
         if time.monotonic() > deadline:
             verdict.counts["unsettled"] += len(open_)
             for r in open_[:10]:
-                verdict.violations.append(f"{job} slot {r['slot']}: attempt {r['attempt']} still {r['status']} "
+                verdict.violations.append(f"{job} slot {r['slot']}: attempt {r['attempt']} still {_state(r)} "
                                           f"{timeout:g}s after the window (run {r['id']}, node {r['node']})")
             return runs
         time.sleep(0.5)
+
+
+def _state(run: Mapping[str, Any]) -> str:
+    return "lost and never retried" if run["status"] == "lost" else str(run["status"])
+
+
+def _unsettled(run: Mapping[str, Any]) -> bool:
+    """An attempt still in flight, or a ``lost`` one whose retry is due but not yet claimed."""
+    if run["status"] in UNSETTLED:
+        return True
+    return run["status"] == "lost" and run.get("retry_at") is not None and run.get("retried_by") is None
 
 
 # ---- judging ---------------------------------------------------------------------------

@@ -127,6 +127,10 @@ def _stuck(rec: Record) -> None:
     rec.runs["a"][4]["status"] = "running"
 
 
+def _lost_never_retried(rec: Record) -> None:
+    rec.runs["a"][4].update(status="lost", retry_at=rec.runs["a"][4]["slot"], retried_by=None)
+
+
 def _tokens_down(rec: Record) -> None:
     first = rec.runs["a"][0]
     first["status"] = "lost"
@@ -153,6 +157,7 @@ def _trimmed(rec: Record) -> None:
     (_early, "before its instant"),
     (_doubled, "received 2 times without a lost attempt"),
     (_stuck, "still running"),
+    (_lost_never_retried, "still lost and never retried"),
     (_tokens_down, "fencing tokens not increasing"),
     (_token_mismatch, "the ledger says"),
     (_unknown_run, "which the ledger does not know"),
