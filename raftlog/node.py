@@ -395,7 +395,6 @@ class RaftNode:
                 self._leaderless_since = now
         else:
             self._leaderless_since = None
-        self._note_role(state, leader, st["raft_term"])
         clocks = self._clocks_to_leader(leader, [str(node.id) for node in host.otherNodes])
         partners = [_member(host, node, st, clocks.get(str(node.id))) for node in host.otherNodes]
         own = clocks.get(self.config.raft_addr)
@@ -416,6 +415,9 @@ class RaftNode:
         )
         with self._status_lock:
             self._cached = status
+        # Told after the status is stored: a consumer of the event reads status() at once (the
+        # leader loop compares its term), and a status of the tick before would deny the news.
+        self._note_role(state, leader, st["raft_term"])
 
     def _note_role(self, state: str, leader: str | None, term: int) -> None:
         if state == self._last_state and leader == self._last_leader and term == self._last_term:

@@ -93,3 +93,25 @@ def test_role_leader_and_term_changes_arrive_as_events_and_a_raising_hook_stops_
         RoleChange("follower", None, 1), RoleChange("candidate", None, 2), RoleChange("leader", "a:1", 2),
         RoleChange("follower", "b:1", 5), RoleChange("follower", "b:1", 6), RoleChange("follower", "c:1", 6),
     ]
+
+
+def test_a_role_event_finds_the_status_of_its_own_tick(tmp_path: Path) -> None:
+    """A consumer told "leader in term 2" reads status() at once (the runtime's leader loop
+    checks ``status().term == term`` before its first tick). A status still of the tick before
+    made it conclude its leadership was over and never plan for the whole term (seen: a single
+    node that claimed nothing for 60 s on a busy machine)."""
+    node: RaftNode
+    read: list[tuple[str, int]] = []
+
+    def hook(change: RoleChange) -> None:
+        st = node.status()
+        read.append((st.state, st.term))
+
+    node = RaftNode(NodeConfig(raft_addr="a:1", peers=(), data_dir=tmp_path, secret="s"),
+                    fsm=None, on_role=hook)  # type: ignore[arg-type]
+    host = Host()
+    node._host = host  # type: ignore[assignment]
+    for state, leader, term in [(0, None, 1), (1, None, 2), (2, "a:1", 2)]:
+        host.set(state, leader, term)
+        node._on_tick()
+    assert read == [("follower", 1), ("candidate", 2), ("leader", 2)]
