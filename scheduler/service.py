@@ -64,16 +64,27 @@ _REJECTIONS: dict[str, Callable[[str], RaftcronError]] = {
 
 class Service:
     def __init__(self, state: State, node: RaftPort, bridge: Committer, clock: Clock, node_id: str,
-                 *, commit_timeout: float = 5.0) -> None:
+                 *, commit_timeout: float = 5.0, cluster_now_us: Callable[[], int] | None = None) -> None:
+        """``cluster_now_us``: this node's reading of the cluster's time (``ClusterTime.now_us``),
+        which stamps what an operator asks for; without it, this node's wall clock."""
         self.state = state
         self.node = node
         self.bridge = bridge
         self.clock = clock
         self.node_id = node_id
         self.commit_timeout = commit_timeout
+        self._cluster_now_us = cluster_now_us
 
     def now_us(self) -> int:
+        """This node's wall clock (the leader's own planning reads it, less any recorded lead)."""
         return us(self.clock.now())
+
+    def cluster_now_us(self) -> int:
+        """The cluster's time as this node reads it. Operator commands carry it: an edit applies
+        from its instant by the leader's clock, so one sent through a node 2 h behind does not start
+        the new schedule 2 h early (recording the slots between as missed), and a manual run through
+        a node ahead is not held until the cluster reaches its clock."""
+        return self._cluster_now_us() if self._cluster_now_us is not None else self.now_us()
 
     # ---- proposing -------------------------------------------------------------
 
@@ -145,7 +156,7 @@ class Service:
         if job.http is not None and job.http.expect_body is not None:
             if problem := check_body_pattern(job.http.expect_body):
                 raise ValidationFailed([{"field": "http.expect_body", "message": problem}])
-        cmd = PutJob(at_us=self.now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
+        cmd = PutJob(at_us=self.cluster_now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
         result, retried = await self.propose(cmd, parsed=job)
         if isinstance(result, Rejected):
             rec = self.state.jobs.get(job.name)
@@ -155,12 +166,12 @@ class Service:
         return dict(result)
 
     async def delete_job(self, name: str) -> None:
-        result, retried = await self.propose(DeleteJob(at_us=self.now_us(), name=name))
+        result, retried = await self.propose(DeleteJob(at_us=self.cluster_now_us(), name=name))
         if isinstance(result, Rejected) and not (retried and result.code == "not_found"):
             self._raise(result)
 
     async def pause(self, name: str, paused: bool, note: str | None) -> None:
-        result, _ = await self.propose(PauseJob(at_us=self.now_us(), name=name, paused=paused, note=note))
+        result, _ = await self.propose(PauseJob(at_us=self.cluster_now_us(), name=name, paused=paused, note=note))
         if isinstance(result, Rejected):
             self._raise(result)
 
@@ -188,7 +199,7 @@ class Service:
         if job is None:
             raise NotFound(f"no job named {name!r}")
         key = uuid.uuid4().hex
-        now = self.now_us()
+        now = self.cluster_now_us()
         slot = now if retry_of is None else self.state.runs[retry_of]["slot_us"]
         attempt = 1 if retry_of is None else self.state.runs[retry_of]["attempt"] + 1
         nodes, why = self.picker(live).pick(job, count=job.target.count)
@@ -211,7 +222,7 @@ class Service:
         return [r for rid in list(self.state.job_runs.get(name, ())) if (r := self.state.runs.get(rid))]
 
     async def cancel(self, run_id: str) -> RunRecord:
-        result, retried = await self.propose(CancelRun(at_us=self.now_us(), run_id=run_id))
+        result, retried = await self.propose(CancelRun(at_us=self.cluster_now_us(), run_id=run_id))
         if isinstance(result, Rejected):
             run = self.state.runs.get(run_id)
             if retried and run is not None and run["status"] == "cancelled":
@@ -227,6 +238,6 @@ class Service:
         return await self.run_now(run["job"], live, trigger="replay", retry_of=run_id)
 
     async def delete_dead(self, run_id: str) -> None:
-        result, retried = await self.propose(DeleteDeadLetter(at_us=self.now_us(), run_id=run_id))
+        result, retried = await self.propose(DeleteDeadLetter(at_us=self.cluster_now_us(), run_id=run_id))
         if isinstance(result, Rejected) and not (retried and result.code == "not_found"):
             self._raise(result)

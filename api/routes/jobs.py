@@ -29,7 +29,7 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
     labels = [lv.split("=", 1) for lv in request.query.getall("label", [])]
     after = cursor(args)
     q = (args.get("q") or "").lower()
-    now = ctx.service.now_us()
+    now = ctx.service.cluster_now_us()
     items = []
     for name in sorted(list(ctx.state.jobs)):
         if after is not None and name <= after:
@@ -61,7 +61,7 @@ async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, 
     doc = _keep_secrets(ctx, await read_json(request), name)
     job = parse_job(doc, name=name)
     result = await ctx.service.put_job(job, create_only=create_only)
-    view = job_view(ctx.state, job.name, ctx.service.now_us()) or {"name": job.name}
+    view = job_view(ctx.state, job.name, ctx.service.cluster_now_us()) or {"name": job.name}
     view["change"] = result["change"]
     return ok(view, 201 if result["change"] == "created" else 200)
 
@@ -86,7 +86,7 @@ async def _replace(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 async def _get(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
-    view = job_view(ctx.state, args["name"], ctx.service.now_us(), masked=reads_only())
+    view = job_view(ctx.state, args["name"], ctx.service.cluster_now_us(), masked=reads_only())
     if view is None:
         raise NotFound(f"no job named {args['name']!r}")
     return ok(view)
@@ -125,7 +125,7 @@ async def _pause(request: web.Request, args: dict[str, Any], paused: bool) -> we
     note = await _note(request)
     require_job(ctx, args["name"])
     await ctx.service.pause(args["name"], paused, note)
-    return ok(job_view(ctx.state, args["name"], ctx.service.now_us()))
+    return ok(job_view(ctx.state, args["name"], ctx.service.cluster_now_us()))
 
 
 async def _pause_job(request: web.Request, args: dict[str, Any]) -> web.Response:

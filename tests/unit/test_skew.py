@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from memraft import MemoryNode
+from memraft import MemoryCommitter, MemoryNode
 
 from raftlog import Bridge, ClockEstimate, MemberStatus, NodeStatus
 from scheduler.clock import FakeClock
@@ -24,6 +24,7 @@ from scheduler.commands import Claim, ClaimSlots, NodeClock, Noop, PutJob, Regis
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import us
 from scheduler.model import parse_job
+from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.service import Service
 from scheduler.skew import ClockGuard, SkewWatch, leader_lead_us, not_before_local_us, parse_max_skew, trusted
 from scheduler.state import State
@@ -686,3 +687,41 @@ async def test_a_follower_far_ahead_that_measured_only_itself_does_not_take_the_
         assert worker.skewed, "this node, 3 s from the leader and not from a majority of followers, is the skewed one"
     finally:
         await worker.stop()
+
+
+class ForwardingFollower(SkewedNode):
+    """A follower whose writes commit (as forwarded to the leader would)."""
+
+    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+        leading, self._leading = self._leading, True
+        try:
+            super().submit(payload, callback)
+        finally:
+            self._leading = leading
+
+
+@pytest.mark.parametrize("ahead", [30.0, -7200.0])
+async def test_operator_writes_through_a_skewed_node_are_stamped_by_the_cluster_time(ahead: float) -> None:
+    """An edit, a pause and a manual run through a node whose clock is ``ahead`` of the
+    leader's carry the leader's time, as the runtime wires the service: an edit stamped by a
+    clock 2 h behind started the new schedule 2 h early (12 slots recorded missed and one run
+    as catch-up), one 30 s ahead left the next 30 s of slots without a record."""
+    clock = FakeClock(LOCAL0)
+    state = State()
+    node = ForwardingFollower(state, ClockEstimate(-ahead, 0.002, 0.1))  # the leader's wall minus this node's
+    node.leading = False
+    runtime = SchedulerRuntime(state, clock, RuntimeConfig(node_id="n2", raft_addr="mem:2", http_addr="mem:3"),
+                               {}, asyncio.get_running_loop())
+    service = runtime.start(node, MemoryCommitter(node))
+    leader_now = us(clock.now()) - round(ahead * 1e6)
+    try:
+        doc = {"name": "e", "schedule": "*/5 * * * *", "executor": "http", "http": {"url": "http://sink.test/e"}}
+        await service.put_job(parse_job(doc))
+        assert abs(state.jobs["e"]["spec_since_us"] - leader_now) < 10_000
+        await service.pause("e", True, None)
+        assert abs(state.jobs["e"]["spec_since_us"] - leader_now) < 10_000
+        await service.pause("e", False, None)
+        run_id = await service.run_now("e", {"n2"})
+        assert abs(state.runs[run_id]["slot_us"] - leader_now) < 10_000
+    finally:
+        await runtime.stop()
