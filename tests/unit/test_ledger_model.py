@@ -10,6 +10,12 @@ their node and report ``StartRuns``, ``RenewLeases``, ``FinishRuns`` and, after 
 any entry already applied may be applied again (the same bytes: a retry after an unknown
 outcome). Time only moves when a rule advances it, in integer microseconds.
 
+Clocks: ``now`` is the cluster's time (the leader's clock). Each node reads it with an offset of
+its own, within what a node still trusted with attempts can be off (under the 500 ms skew
+limit), and stamps by that reading what passes through it: operators' writes, and its workers'
+starts, lease renewals, results and lost reports. Workers fire by the truth (never early, as
+``Worker._wait_until_due`` guarantees), so the offset shows only in the stamps.
+
 What the test knows it keeps outside the state, so history trimming cannot hide a double:
 
 - at most one decision per (job, slot) for schedule and catch-up triggers, over the whole run;
@@ -104,6 +110,7 @@ class LedgerModel(RuleBasedStateMachine):
         self.stopped: set[str] = set()  # attempts a worker stopped (the ledger said so)
         self.ended: set[str] = set()  # attempts whose result or lease lapse was applied
         self.requests = 0
+        self.offset = dict.fromkeys(NODES, 0)  # each node's reading of ``now`` less ``now``
         for node in NODES:
             self.apply(RegisterNode(at_us=T0, node_id=node, raft_addr=f"{node}:1", http_addr=f"{node}:2"))
 
@@ -113,6 +120,10 @@ class LedgerModel(RuleBasedStateMachine):
         """Every proposal carries its own instant: the clock moves a microsecond per command."""
         self.now += 1
         return self.now
+
+    def read(self, node: str) -> int:
+        """``node``'s reading of the cluster's time, which stamps what it proposes."""
+        return self.tick() + self.offset[node]
 
     def apply(self, cmd: Command | bytes) -> Applied | Rejected:
         raw = cmd if isinstance(cmd, bytes) else encode_command(cmd)
@@ -204,10 +215,11 @@ class LedgerModel(RuleBasedStateMachine):
           paused=st.sampled_from((False, False, True)), concurrency=st.sampled_from(("allow", "allow", "forbid", "replace")),
           catchup=st.sampled_from(("all", "latest", "none")), window=st.sampled_from(("20s", "5m", "1h")),
           upstream=st.one_of(st.none(), st.sampled_from(NAMES)), retries=st.integers(0, 1),
-          delivery=st.sampled_from(("at-least-once", "at-most-once")))
+          delivery=st.sampled_from(("at-least-once", "at-most-once")), via=st.sampled_from(NODES))
     def put(self, name: str, schedule: str, zone: str, starts: int | None, ends: int | None, paused: bool,
-            concurrency: str, catchup: str, window: str, upstream: str | None, retries: int, delivery: str) -> None:
-        at = self.tick()
+            concurrency: str, catchup: str, window: str, upstream: str | None, retries: int, delivery: str,
+            via: str) -> None:
+        at = self.read(via)
         doc: dict[str, Any] = {
             "name": name, "schedule": schedule, "timezone": zone, "paused": paused, "executor": "http",
             "http": {"url": "https://sink.test/x"}, "concurrency": concurrency, "delivery": delivery,
@@ -237,19 +249,19 @@ class LedgerModel(RuleBasedStateMachine):
         names = sorted(self.state.jobs) if k % 8 else list(NAMES)
         name = names[k % len(names)] if names else NAMES[0]
         if kind in ("pause", "resume"):
-            self.pause(name, kind == "pause")
+            self.pause(name, kind == "pause", node)
         elif kind == "delete":
-            self.apply(DeleteJob(at_us=self.tick(), name=name))
+            self.apply(DeleteJob(at_us=self.read(node), name=name))
         elif kind == "manual" and name in self.state.jobs:
             self.requests += 1
-            at = self.tick()
+            at = self.read(node)
             claim = Claim(job=name, slot_us=at, trigger="manual", node=node, request_key=f"req-{self.requests}")
             self.apply(ClaimSlots(at_us=at, leader=f"api:{node}", term=self.term, claims=(claim,)))
         elif kind == "cancel" and (active := list(self.state.active)):
-            self.apply(CancelRun(at_us=self.tick(), run_id=active[k % len(active)], reason="by hand"))
+            self.apply(CancelRun(at_us=self.read(node), run_id=active[k % len(active)], reason="by hand"))
 
-    def pause(self, name: str, paused: bool) -> None:
-        at = self.tick()
+    def pause(self, name: str, paused: bool, via: str) -> None:
+        at = self.read(via)
         rec = self.state.jobs.get(name)
         out = self.apply(PauseJob(at_us=at, name=name, paused=paused))
         if rec is None:
@@ -260,6 +272,12 @@ class LedgerModel(RuleBasedStateMachine):
         assert self.state.jobs[name]["spec_since_us"] == self.since[name]
 
     # ---- time and leadership ---------------------------------------------------------------------
+
+    @rule(node=st.sampled_from(NODES),
+          off=st.sampled_from((0, 300, -300, 2_000, -2_000, 120_000, -120_000, 450_000, -450_000)))
+    def drift(self, node: str, off: int) -> None:
+        """A node's reading of the cluster's time moves (a new estimate, its clock stepping)."""
+        self.offset[node] = off
 
     @rule(dt=st.sampled_from((SEC // 2, SEC, 2 * SEC, 3 * SEC, 7 * SEC, 40 * SEC, 600 * SEC)) | st.integers(0, 5 * SEC),
           leader=st.sampled_from((True, True, True, False)), fire=st.sampled_from((True, True, False)),
@@ -365,7 +383,7 @@ class LedgerModel(RuleBasedStateMachine):
                and r["id"] not in self.fired and fire_at_us(r) <= self.now]
         if not due:
             return
-        at = self.tick()
+        at = self.read(node)
         for r in due:
             self.fired[r["id"]] = node
         ids = tuple(r["id"] for r in due)
@@ -387,7 +405,7 @@ class LedgerModel(RuleBasedStateMachine):
         if not running:
             return
         rid = running[k % len(running)]
-        at = self.tick()
+        at = self.read(self.fired[rid])
         result = {"run_id": rid, "status": "succeeded" if ok else "failed", "started_us": at - 1,
                   "finished_us": at, "exit_code": 0 if ok else 1, "http_status": None, "output": "", "error": None}
         self.stopped.add(rid)  # done executing: its result is now what the worker holds
@@ -396,7 +414,7 @@ class LedgerModel(RuleBasedStateMachine):
     def renew(self, node: str) -> None:
         held = tuple(rid for rid, n in self.fired.items() if n == node and rid not in self.stopped)
         if held:
-            at = self.tick()
+            at = self.read(node)
             self.inflight.append(encode_command(RenewLeases(at_us=at, node=node, runs=held, lease_until_us=at + LEASE)))
 
     def restart(self, node: str) -> None:
@@ -409,7 +427,7 @@ class LedgerModel(RuleBasedStateMachine):
         self.fired = {rid: n for rid, n in self.fired.items() if n != node or rid in self.ended}
         if held:
             self.taken.update(held)
-            self.apply(ReportLost(at_us=self.tick(), node=node, runs=held))
+            self.apply(ReportLost(at_us=self.read(node), node=node, runs=held))
 
     # ---- delivery: reordered, duplicated, retried ----------------------------------------------------
 
