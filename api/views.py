@@ -66,7 +66,7 @@ def job_view(state: State, name: str, now_us: int, *, masked: bool = False) -> d
         slots = [format_instant(s) for s in next_slots(state, name, now_us)]
     except Exception as exc:  # noqa: BLE001 - shown in the view instead of failing the request
         slots, error = [], f"the next slots cannot be computed: {type(exc).__name__}: {exc}"
-    planning = state.planning_errors.get(name)
+    planning = state.planning_errors.get(name) or rec.get("planning_error")  # this node's loop's, or the leader's
     if planning is not None and planning["version"] == rec["version"]:  # an edit may have fixed it
         error = planning["error"]
     view = {

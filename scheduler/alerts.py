@@ -25,6 +25,10 @@ default webhook, whatever any job asks for:
 - ``clock_skew``: a node's clock went beyond ``--max-clock-skew`` from the
   leader's (or the leader's from a majority of its followers');
 - ``clock_skew_recovered``: it came back within.
+
+``unplannable`` belongs to a job but is raised whatever its ``alerts.on`` says, to its
+webhook or else the agent's: the leader cannot plan the job, so none of its slots is decided
+(nothing else would tell, as no run fails).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .runs import RunRecord
 from .sections import AlertEvent
 from .store import Store
 
-__all__ = ["raise_alert", "raise_cluster_alert", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
+__all__ = ["raise_alert", "raise_cluster_alert", "on_unplannable", "on_finished", "on_missed", "on_dead", "on_started", "MAX_KEPT", "MAX_ATTEMPTS"]
 
 MAX_KEPT = 1000  # delivered or given-up alerts kept; pending ones are never dropped
 MAX_ATTEMPTS = 8
@@ -71,6 +75,17 @@ def raise_cluster_alert(state: Store, event: str, at_us: int, *, node: str, erro
         "id": aid, "event": event, "job": None, "run_id": None, "slot_us": None, "run_status": None,
         "error": error, "attempt": None, "node": node, "created_us": at_us, "status": "pending", "attempts": 0,
         "next_us": at_us, "last_error": None, "delivered_us": None, "extra": extra,
+    }
+    _trim(state)
+
+
+def on_unplannable(state: Store, job: str, error: str, at_us: int, *, node: str) -> None:
+    state.alert_seq += 1
+    aid = f"a{state.alert_seq:x}"
+    state.alerts[aid] = {
+        "id": aid, "event": "unplannable", "job": job, "run_id": None, "slot_us": None, "run_status": None,
+        "error": error, "attempt": None, "node": node, "created_us": at_us, "status": "pending", "attempts": 0,
+        "next_us": at_us, "last_error": None, "delivered_us": None, "extra": {},
     }
     _trim(state)
 

@@ -212,6 +212,20 @@ class NodeClock(Command):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPlanning(Command):
+    """The leader could not plan version ``version`` of ``job`` (``error``), or can again
+    (``error`` None). Recorded on the job, so every node's view shows it; the first failure of
+    a version raises an ``unplannable`` alert."""
+
+    TAG: ClassVar[str] = "job_planning"
+    job: str
+    version: int
+    error: str | None
+    leader: str
+    term: int
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A command apply refused: the same value on every replica, never an exception."""
@@ -225,6 +239,7 @@ COMMANDS: dict[str, type[Command]] = {
     for c in (
         Noop, RegisterNode, PutJob, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
         FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults, NodeClock,
+        JobPlanning,
     )
 }
 

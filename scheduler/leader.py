@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock
-from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
+from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, JobPlanning, Noop, PauseJob, PutJob, Rejected
 from .errors import RaftcronError
 from .instants import format_instant, from_us
 from .model import Concurrency, Job
@@ -157,6 +157,7 @@ class LeaderLoop:
         summaries: list[dict[str, Any]] = []
         cancel: list[str] = []
         next_due: dict[str, int | None] = {}
+        recorded: list[tuple[str, int, str | None]] = []  # planning errors to record (None: cleared)
         for name in sorted(names):
             try:
                 job, rec = self.state.job(name), self.state.jobs.get(name)
@@ -167,9 +168,11 @@ class LeaderLoop:
                 busy = [] if job.concurrency is Concurrency.ALLOW else self._active_of(name)
                 plan = plan_job(job, rec, busy, now, self.cfg.plan, picker)
             except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the others
-                next_due[name] = self._plan_failed(name, exc, now)
+                next_due[name] = self._plan_failed(name, exc, now, recorded)
                 continue
             self.state.planning_errors.pop(name, None)
+            if rec.get("planning_error") is not None:
+                recorded.append((name, rec["version"], None))
             claims += plan.claims
             summaries += plan.summaries
             cancel += plan.cancel
@@ -189,6 +192,7 @@ class LeaderLoop:
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
         ok = await self._commit(claims, summaries, cancel, now)
+        await self._record_planning(recorded, now)
         for name, due in next_due.items():
             if not ok:
                 due = now + int(self.cfg.tick * 1e6)
@@ -206,21 +210,35 @@ class LeaderLoop:
                     await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
                                                       runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
 
-    def _plan_failed(self, name: str, exc: Exception, now: int) -> int:
+    def _plan_failed(self, name: str, exc: Exception, now: int, recorded: list[tuple[str, int, str | None]]) -> int:
         """Note a job that cannot be planned (its view shows why) and when to try it again:
-        after 1 s, doubling to a minute while it keeps failing, or at once when it is edited."""
+        after 1 s, doubling to a minute while it keeps failing, or at once when it is edited.
+        The first failure of a streak is recorded in the replicated state (``recorded``), so
+        every node's view shows it and the ``unplannable`` alert goes out."""
         prev = self.state.planning_errors.get(name)
         delay = min(prev["retry_s"] * 2, PLAN_RETRY_MAX) if prev else 1.0
         rec = self.state.jobs.get(name)
+        error = f"the leader cannot plan this job, its slots are not being decided: {type(exc).__name__}: {exc}"
         self.state.planning_errors[name] = {
-            "error": f"the leader cannot plan this job, its slots are not being decided: {type(exc).__name__}: {exc}",
-            "version": rec["version"] if rec else None, "at_us": now, "retry_s": delay,
+            "error": error, "version": rec["version"] if rec else None, "at_us": now, "retry_s": delay,
         }
+        if rec is not None and (prev is None or prev["version"] != rec["version"]):
+            recorded.append((name, rec["version"], error))
         # The traceback once per failing streak; an alert-worthy line on every retry.
         log.error("ALERT job %s cannot be planned; its slots are not decided, the other jobs go on "
                   "(next try in %.0fs): %s: %s", name, delay, type(exc).__name__, exc,
                   exc_info=exc if prev is None else None)
         return now + int(delay * 1e6)
+
+    async def _record_planning(self, recorded: list[tuple[str, int, str | None]], now: int) -> None:
+        for name, version, error in recorded:
+            try:
+                await self.svc.propose(JobPlanning(at_us=now, job=name, version=version, error=error,
+                                                   leader=self.svc.node_id, term=self.svc.node.status().term))
+            except RaftcronError as exc:  # the job's next failure or success tries again
+                log.warning("could not record the planning state of job %s: %s", name, exc)
+                if error is not None:
+                    self.state.planning_errors.pop(name, None)  # so its next failure records it
 
     def _active_of(self, name: str) -> list[RunRecord]:
         active = self.state.active

@@ -32,6 +32,7 @@ from .commands import (
     DeleteJob,
     ExpireRuns,
     FinishRuns,
+    JobPlanning,
     NodeClock,
     Noop,
     PauseJob,
@@ -150,6 +151,8 @@ class State(Store):
                 return self._alert_results(cmd)
             case NodeClock():
                 return self._node_clock(cmd)
+            case JobPlanning():
+                return self._job_planning(cmd)
         return Rejected("invalid", f"no transition for {cmd.TAG!r}")
 
     # ---- jobs ----------------------------------------------------------------
@@ -308,6 +311,21 @@ class State(Store):
                                        error_ms=None if cmd.error_us is None else cmd.error_us / 1000,
                                        leader=cmd.leader, reason=cmd.reason)
         return {"node": cmd.node, "skewed": cmd.skewed, "changed": changed}
+
+    def _job_planning(self, cmd: JobPlanning) -> Any:
+        rec = self.jobs.get(cmd.job)
+        if rec is None or rec["version"] != cmd.version:
+            # Edited or deleted since the leader tried: the next plan judges the job afresh.
+            return Rejected("stale", f"job {cmd.job!r} is no longer at version {cmd.version}")
+        prev = rec.get("planning_error")
+        if cmd.error is None:
+            rec.pop("planning_error", None)
+            return {"job": cmd.job, "changed": prev is not None}
+        rec["planning_error"] = {"error": cmd.error, "version": cmd.version, "at_us": cmd.at_us}
+        first = prev is None or prev["version"] != cmd.version
+        if first:  # one alert per failing version, whichever leader finds it, however often it retries
+            alerts.on_unplannable(self, cmd.job, cmd.error, cmd.at_us, node=cmd.leader)
+        return {"job": cmd.job, "changed": first}
 
     # ---- snapshot --------------------------------------------------------------
 

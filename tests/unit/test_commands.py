@@ -20,6 +20,7 @@ from scheduler.commands import (
     DeleteJob,
     ExpireRuns,
     FinishRuns,
+    JobPlanning,
     NodeClock,
     Noop,
     PauseJob,
@@ -75,6 +76,8 @@ SAMPLES: dict[str, Command] = {
     )),
     "node_clock": NodeClock(at_us=T0, node="n2", offset_us=3_000_000, error_us=1_500, skewed=True, leader="n1",
                             term=7, reason="its clock is +3.000s from the leader's"),
+    "job_planning": JobPlanning(at_us=T0, job="a", version=3, error="OverflowError: date value out of range",
+                                leader="n1", term=7),
 }
 
 
@@ -107,6 +110,7 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
         "cancel_run": dict(run_id="r"), "delete_dead_letter": dict(run_id="r"),
         "alert_results": dict(leader="n", results=()),
         "node_clock": dict(node="n", offset_us=None, error_us=None, skewed=False, leader="n", term=1),
+        "job_planning": dict(job="x", version=1, error=None, leader="n", term=1),
     }.get(tag, {})
     cmd = cls(at_us=0, **required)  # type: ignore[arg-type]
     assert decode_command(encode_command(cmd)) == cmd

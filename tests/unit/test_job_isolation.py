@@ -44,10 +44,22 @@ async def test_a_job_that_cannot_be_planned_leaves_the_others_running() -> None:
         assert view is not None and "cannot plan this job" in view["error"]
         assert job_view(sim.state, "tick", us(sim.clock.now())) is not None
         assert "error" not in (job_view(sim.state, "tick", us(sim.clock.now())) or {})
+        # Replicated, so a follower's view shows it too (its own loop never planned the job), and
+        # alerted once for the version, not on each of the five retries.
+        recorded = sim.state.jobs["broken"]["planning_error"]
+        assert recorded["version"] == 1 and "OverflowError" in recorded["error"]
+        follower = dict(sim.state.planning_errors)
+        sim.state.planning_errors.clear()
+        view = job_view(sim.state, "broken", us(sim.clock.now()))
+        assert view is not None and "cannot plan this job" in view["error"]
+        sim.state.planning_errors.update(follower)
+        raised = [a for a in sim.state.alerts.values() if a["event"] == "unplannable"]
+        assert [(a["job"], a["node"]) for a in raised] == [("broken", "n1")], raised
         # Fixing the job (an edit) clears the error at once, without waiting for the backoff.
         await sim.put(_job("broken", "@hourly", description="fixed"))
         await sim.step(0.0)
         assert "broken" not in sim.state.planning_errors
+        assert "planning_error" not in sim.state.jobs["broken"]  # the next plan that worked cleared it
         assert "error" not in (job_view(sim.state, "broken", us(sim.clock.now())) or {})
     finally:
         await sim.close()
