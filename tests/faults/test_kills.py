@@ -148,14 +148,14 @@ def test_kill9_of_every_node_during_concurrent_writes(make_cluster: Callable[...
     # name -> the fields of its last acknowledged write; {} (present, content unknown) once a
     # later write of it went unanswered, since that one may or may not have been committed.
     acknowledged: dict[str, dict[str, Any]] = {}
-    unanswered = 0
+    unanswered = acks = 0
     lock = threading.Lock()
     stop = threading.Event()
 
     def writer(w: int) -> None:
         # Each writer owns its names and writes them one at a time, so its last acknowledged
         # write of a name is the last one committed, unless a later one went unanswered.
-        nonlocal unanswered
+        nonlocal unanswered, acks
         rnd = random.Random(w)
         for i in range(400):  # bounded; ``stop`` ends it sooner
             if stop.is_set():
@@ -171,6 +171,7 @@ def test_kill9_of_every_node_during_concurrent_writes(make_cluster: Callable[...
             with lock:
                 if status in (200, 201):
                     acknowledged[name] = {"description": doc["description"]}
+                    acks += 1
                     continue
                 unanswered += status in (0, 504)
                 if name in acknowledged:
@@ -182,7 +183,7 @@ def test_kill9_of_every_node_during_concurrent_writes(make_cluster: Callable[...
         t.start()
     with _logs_on_failure(c):
         try:
-            wait_for("80 names acknowledged", lambda: len(acknowledged) >= 80 or not any(t.is_alive() for t in threads), 60)
+            wait_for("200 acknowledged writes", lambda: acks >= 200 or not any(t.is_alive() for t in threads), 60)
             assert any(t.is_alive() for t in threads), "the writers finished before the kill"
             for n in c.nodes:  # every node, one after another, while the writers keep writing
                 n.kill9()
@@ -200,7 +201,7 @@ def test_kill9_of_every_node_during_concurrent_writes(make_cluster: Callable[...
         c.leader(timeout=60)
         verdict = check(_NoReceiver(), c, [], (0.0, 0.0), acknowledged=expected)
         exact = sum(bool(v) for v in expected.values())
-        print(f"kill -9 of all 3 nodes during writes: {len(expected)} names acknowledged ({exact} with their "
+        print(f"kill -9 of all 3 nodes during writes: {acks} writes of {len(expected)} names acknowledged ({exact} with their "
               f"last write's content), {unanswered} requests cut off; {verdict.line()}")
         assert verdict.ok, verdict.report()
         c.put_job({"name": "after-restart", "schedule": "@manually", "executor": "http",
