@@ -14,6 +14,11 @@ bench/results/lateness.json):
 - ``kill``: 100 runs/s, kill -9 the leader mid-window; lateness of the slots
   within +-3 s of the kill, and every slot of the window checked in the sink
   and in the ledger (GET /v1/jobs/{name}/runs) for missed or doubled runs.
+  ``--busy S``: the sink answers after S seconds, so attempts stay running, and
+  the node killed is the follower running the most of them (the leader runs none
+  while its followers have room); retried, doubled (and whether each came after a
+  lost attempt) and late slots are reported. ``--restart-after N`` starts the
+  killed node again N seconds after the kill (its orphans then reported by it).
 
 Job anchors: an `@every` job's slots are anchored at its creation time, so the
 K jobs are created paced over about one second; when the API cannot take K
@@ -26,6 +31,7 @@ are quoted for scale: p99 51 ms at 100/s, 302 ms at 1,000/s, 599 ms at 2,000/s.
     python -m bench.lateness                 # rates, ~5 minutes
     python -m bench.lateness search          # ~5 minutes
     python -m bench.lateness kill            # ~1.5 minutes
+    python -m bench.lateness kill --busy 2 --restart-after 1
     python -m bench.lateness --quick         # rates, ~1 minute
 """
 
@@ -44,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import Cluster, Node
 
 from .rig import (
     RESULTS,
@@ -208,14 +214,16 @@ def analyse(records: list[list[Any]], k: int, t0: float, t1: float) -> dict[str,
             first_attempt[key] = _attempt
         phases[int((s % 1.0) * 100)] += 1
     late = [first[key] - key[1] for key in first]
+    doubled = sorted(f"{job}@{slot:.6f}" for (job, slot), c in count.items() if c > 1)
     late_a1 = [first[key] - key[1] for key in first if first_attempt[key] == "1"]
     expected = k * round(t1 - t0)
     delivered = len(first)
     bucket_mean = delivered / 100 if delivered else 0
     return {
         "expected_slots": expected, "delivered_slots": delivered, "missing_slots": max(0, expected - delivered),
-        "doubled_slots": sum(1 for c in count.values() if c > 1), "delivery_ratio": delivered / expected if expected else None,
+        "doubled_slots": len(doubled), "doubled": doubled, "delivery_ratio": delivered / expected if expected else None,
         "lateness": summary(late), "early": sum(1 for x in late if x < 0),
+        "late_over_1s": sum(1 for x in late if x > 1.0),
         "first_delivered_by_a_retry": len(late) - len(late_a1), "lateness_first_attempts": summary(late_a1),
         "phase_spread": {"busiest_10ms_bucket": max(phases.values(), default=0), "mean_10ms_bucket": round(bucket_mean, 1)},
     }
@@ -233,7 +241,8 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
         with fresh_cluster(f"late{k}", keep=a.keep) as cluster:
             leader = leader_of(cluster)
             try:
-                out["create"] = asyncio.run(create_jobs(leader.url, k, farm.url(), spread=a.spread,
+                url = farm.url(f"/slow?s={a.busy:g}") if kill_at is not None and a.busy else farm.url()
+                out["create"] = asyncio.run(create_jobs(leader.url, k, url, spread=a.spread,
                                                         deadline=a.create_deadline))
             except CreationTooSlow as exc:
                 out["aborted"] = str(exc)
@@ -247,7 +256,7 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
             sink_cpu0 = farm.cpu()
             with CpuMeter(cluster) as cpu:
                 if kill_at is not None:
-                    out["kill"] = _kill_leader(cluster, t0 + kill_at, a)
+                    out["kill"] = _kill(cluster, t0 + kill_at, a)
                 time.sleep(max(0.0, t1 - time.time()))
             out["cpu"] = cpu.result
             out["sink_cpu_s"] = round(farm.cpu() - sink_cpu0, 3)
@@ -256,6 +265,8 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
             time.sleep(a.drain)
             if kill_at is not None:
                 out["ledger"] = ledger_check(cluster, k, t0, t1)
+                if a.busy:
+                    out["lost_runs"] = _lost_by_reason(cluster)
             out["load_after"] = load()
     finally:
         records = farm.stop()
@@ -263,6 +274,9 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
         return out
     out["window"] = [t0, t1]
     out["result"] = analyse(records, k, t0, t1)
+    if kill_at is not None and "ledger" in out:
+        lost = set(out["ledger"].pop("slots_with_a_lost_attempt"))
+        out["result"]["doubled_after_a_lost_attempt"] = sum(d in lost for d in out["result"]["doubled"])
     if kill_at is not None:
         kt = out["kill"]["at"]
         near = [r for r in records if r[1] and r[2] and r[1].startswith("l") and abs(_epoch(r[2]) - kt) <= 3.0]
@@ -272,20 +286,55 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
     return out
 
 
-def _kill_leader(cluster: Cluster, at: float, a: argparse.Namespace) -> dict[str, Any]:
+def _kill(cluster: Cluster, at: float, a: argparse.Namespace) -> dict[str, Any]:
+    """Kill -9 the leader at ``at``, or with ``--busy`` the follower running the most attempts."""
     leader = leader_of(cluster)
     time.sleep(max(0.0, at - time.time()))
+    victim, held = leader, 0
+    if a.busy:
+        running = _running_by_node(leader)
+        victim = max((n for n in cluster.nodes if n is not leader), key=lambda n: running.get(n.name, 0))
+        held = running.get(victim.name, 0)
     t = time.time()
-    leader.kill9()
-    info: dict[str, Any] = {"node": leader.name, "at": t}
-    survivors = [n for n in cluster.nodes if n is not leader]
+    victim.kill9()
+    info: dict[str, Any] = {"node": victim.name, "role": "leader" if victim is leader else "follower", "at": t}
+    if a.busy:
+        info["running_attempts_held"] = held
+    survivors = [n for n in cluster.nodes if n is not victim]
     new = cluster.leader(timeout=30, among=survivors)
     info["new_leader"], info["new_leader_seen_after_s"] = new.name, round(time.time() - t, 3)
     if a.restart_after is not None:
         time.sleep(max(0.0, t + a.restart_after - time.time()))
-        leader.start()
+        victim.start()
         info["restarted_after_s"] = round(time.time() - t, 3)
     return info
+
+
+def _running_by_node(node: Node) -> Counter[str]:
+    """Running attempts per node, as ``node`` sees them (one read, all pages)."""
+    held: Counter[str] = Counter()
+    cursor = None
+    for _ in range(100):
+        body = node.get("/v1/runs?status=running&limit=1000" + (f"&cursor={cursor}" if cursor else ""))
+        held.update(r["node"] for r in body["items"])
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    return held
+
+
+def _lost_by_reason(cluster: Cluster) -> dict[str, int]:
+    """Lost attempts by what ended them (its node's restart report or the leader's lease expiry)."""
+    node = next(n for n in cluster.nodes if n.alive())
+    reasons: Counter[str] = Counter()
+    cursor = None
+    for _ in range(100):
+        body = node.get("/v1/runs?status=lost&limit=1000" + (f"&cursor={cursor}" if cursor else ""))
+        reasons.update(str(r["error"]) for r in body["items"])
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    return dict(reasons)
 
 
 def _us(slot: str) -> int:
@@ -297,6 +346,7 @@ def ledger_check(cluster: Cluster, k: int, t0: float, t1: float) -> dict[str, An
     node = next(n for n in cluster.nodes if n.alive())
     statuses: Counter[str] = Counter()
     missing = doubled = retried = 0
+    with_lost: list[str] = []
     examples: dict[str, list[str]] = defaultdict(list)
     lo, hi, per_job = int(t0 * 1e6), int(t1 * 1e6), round(t1 - t0)
     for i in range(k):
@@ -320,6 +370,8 @@ def ledger_check(cluster: Cluster, k: int, t0: float, t1: float) -> dict[str, An
                 continue
             for r in got:
                 statuses[r["status"]] += 1
+            if any(r["status"] == "lost" for r in got):
+                with_lost.append(f"l{i}@{s / 1e6:.6f}")
             ok = [r for r in got if r["status"] == "succeeded"]
             if len(ok) > 1:
                 doubled += 1
@@ -330,6 +382,7 @@ def ledger_check(cluster: Cluster, k: int, t0: float, t1: float) -> dict[str, An
             if not ok:
                 examples["not_succeeded"].append(f"l{i}@{s / 1e6:.6f}: " + "/".join(r["status"] for r in got))
     return {"slots_without_record": missing, "slots_succeeded_twice": doubled, "slots_with_retries": retried,
+            "slots_with_a_lost_attempt": with_lost,
             "run_statuses": dict(statuses), "examples": {k_: v[:5] for k_, v in examples.items()}}
 
 
@@ -421,15 +474,19 @@ def mode_kill(a: argparse.Namespace, doc: dict[str, Any]) -> None:
         _progress(res)
     doc["runs"] = runs
     print()
-    print(table(["run", "killed", "new leader after s", "+-3s p50 ms", "+-3s p99 ms", "+-3s max ms",
-                 "+-3s p99 ms, attempt 1 only", "+-3s slots run by a retry", "window p99 ms",
-                 "sink missing", "sink doubled", "ledger missing", "ledger succeeded twice", "retried slots", "load 1m"],
-                [[x["repeat"], x["kill"]["node"], x["kill"]["new_leader_seen_after_s"],
+    print(table(["run", "killed", "running held", "restarted after s", "new leader after s", "+-3s p50 ms",
+                 "+-3s p99 ms", "+-3s max ms", "+-3s p99 ms, attempt 1 only", "+-3s slots run by a retry",
+                 "window p99 ms", "late >1s", "sink missing", "sink doubled", "doubled after a lost attempt",
+                 "ledger missing", "ledger succeeded twice", "retried slots", "lost by reason", "load 1m"],
+                [[x["repeat"], f"{x['kill']['node']} ({x['kill']['role']})", x["kill"].get("running_attempts_held", "-"),
+                  x["kill"].get("restarted_after_s", "-"), x["kill"]["new_leader_seen_after_s"],
                   _m(x["near_kill"]["lateness"]["p50"]), _m(x["near_kill"]["lateness"]["p99"]),
                   _m(x["near_kill"]["lateness"]["max"]), _m(x["near_kill"]["lateness_first_attempts"]["p99"]),
                   x["near_kill"]["first_delivered_by_a_retry"], _m(x["result"]["lateness"]["p99"]),
-                  x["result"]["missing_slots"], x["result"]["doubled_slots"], x["ledger"]["slots_without_record"],
-                  x["ledger"]["slots_succeeded_twice"], x["ledger"]["slots_with_retries"], x["load_before"]["1m"]]
+                  x["result"]["late_over_1s"], x["result"]["missing_slots"], x["result"]["doubled_slots"],
+                  x["result"].get("doubled_after_a_lost_attempt", "-"), x["ledger"]["slots_without_record"],
+                  x["ledger"]["slots_succeeded_twice"], x["ledger"]["slots_with_retries"],
+                  "; ".join(f"{k}: {v}" for k, v in x.get("lost_runs", {}).items()) or "-", x["load_before"]["1m"]]
                  for x in runs]))
 
 
@@ -463,6 +520,8 @@ def main() -> None:
     p.add_argument("--kill-seconds", type=float, default=30.0)
     p.add_argument("--kill-repeat", type=int, default=1)
     p.add_argument("--restart-after", type=float, default=None, help="kill mode: restart the killed node after N s")
+    p.add_argument("--busy", type=float, default=0.0,
+                   help="kill mode: the sink answers after S s and the follower running the most attempts is killed")
     p.add_argument("--sink-procs", type=int, default=2)
     p.add_argument("--create-deadline", type=float, default=120.0, help="give up a rate whose jobs take longer to create")
     p.add_argument("--search-down", default="1000,500,200",

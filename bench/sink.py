@@ -1,6 +1,7 @@
 """A cheap HTTP sink for executor deliveries, run as its own process.
 
-Each request is answered 200 at once; the sink keeps only (receive time,
+Each request is answered 200 at once (a path ``/slow?s=S``: after S seconds, so the
+attempts delivering to it stay running that long); the sink keeps only (receive time,
 X-Raftcron-Job, X-Raftcron-Slot, X-Raftcron-Attempt) in memory and writes them
 as JSON to ``--out`` when it gets SIGTERM. Several sink processes can share one
 port (``--reuse-port``, SO_REUSEPORT: the kernel spreads connections), so the
@@ -29,6 +30,8 @@ async def _serve(host: str, port: int, out: str, reuse_port: bool) -> None:
     async def handle(request: web.BaseRequest) -> web.Response:
         h = request.headers
         records.append((now(), h.get("X-Raftcron-Job"), h.get("X-Raftcron-Slot"), h.get("X-Raftcron-Attempt")))
+        if request.path == "/slow":
+            await asyncio.sleep(float(request.query.get("s", "1")))
         return web.Response(text="ok")
 
     loop = asyncio.get_running_loop()

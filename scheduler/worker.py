@@ -352,7 +352,9 @@ class Worker:
         delay = 0.1
         while True:
             try:
-                await self.svc.propose(ReportLost(at_us=us(self.clock.now()), node=self.me, runs=orphans))
+                # In the cluster's time, as every report: the loss is the retry's due time, which
+                # the leader compares with its own clock (this node's, 30 s ahead, held it 30 s).
+                await self.svc.propose(ReportLost(at_us=self.cluster.now_us(), node=self.me, runs=orphans))
                 return
             except RaftcronError as exc:
                 log.info("lost report not committed yet: %s", exc)
