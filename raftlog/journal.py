@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
+
+from .recovery import recover_journal
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "journal_factory"]
 
@@ -94,6 +97,7 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
     """
 
     def __init__(self, journal_file: str) -> None:
+        recover_journal(Path(journal_file))  # a torn last record is cut off, not read or refused
         # FileJournal names its meta storer's and file's classes at construction; swap in ours.
         meta, _journal_module.MetaStorer = _journal_module.MetaStorer, _DurableMeta
         file, _journal_module.ResizableFile = _journal_module.ResizableFile, _SizedFile
@@ -147,7 +151,11 @@ def journal_factory(durable: bool) -> Iterator[None]:
     original: Callable[..., Any] = _pso.createJournal
 
     def create(path: str | None = None) -> Any:
-        return _DurableJournal(path) if (path and durable) else original(path)
+        if path and durable:
+            return _DurableJournal(path)
+        if path:
+            recover_journal(Path(path))
+        return original(path)
 
     _pso.createJournal = create
     try:

@@ -55,6 +55,7 @@ from .journal import _DurableJournal, journal_factory
 from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
+from .recovery import remove_partial_files
 from .snapshot import SnapshotWriter, read_snapshot
 from .transport import send_keepalives
 
@@ -269,6 +270,7 @@ class RaftNode:
             connectionTimeout=2.0,
             useFork=False,
         )
+        remove_partial_files(c.data_dir)  # a crash mid-snapshot or mid-meta write leaves its side file
         with journal_factory(c.fsync):
             return _Host(self, c.raft_addr, list(c.peers), conf)
 

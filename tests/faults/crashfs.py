@@ -4,8 +4,9 @@ Run it in a process of its own (``python -m tests.faults.crashfs BACKING MOUNTPO
 through ``CrashFs``. Every file's content lives in the backing directory only up to its last
 ``fsync``/``fdatasync``: later writes and size changes are held in memory (reads see them, as
 they see the page cache). On ``crash`` it drops everything unsynced except a prefix of random
-length of each file's last unsynced write (a torn record), and from then on drops every write
-until it is unmounted. A new ``CrashFs`` on the same backing directory is the machine after the
+length of each file's last unsynced write (a torn record), and from then on fails every write
+and sync with EIO until it is unmounted (the machine is off: nothing written after the crash
+may be acknowledged by a writer that is still running). A new ``CrashFs`` on the same backing directory is the machine after the
 power came back.
 
 Directory operations (create, rename, unlink, mkdir) reach the backing directory at once: a
@@ -44,6 +45,11 @@ def fuse_available() -> str | None:
     except (ImportError, OSError) as exc:  # OSError: libfuse itself is missing
         return f"mfusepy cannot load: {exc}"
     return None
+
+
+def _eio() -> OSError:
+    from mfusepy import FuseOSError
+    return FuseOSError(errno.EIO)
 
 
 @dataclass
@@ -174,7 +180,7 @@ class _Ops:
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self.mutex:
             if self.crashed:
-                return len(data)
+                raise _eio()
             img = self._image(path)
             end = offset + len(data)
             if end > len(img.data):
@@ -185,7 +191,7 @@ class _Ops:
 
     def _truncate(self, path: str, length: int) -> None:
         if self.crashed:
-            return
+            raise _eio()
         img = self._image(path)
         if length < len(img.data):
             del img.data[length:]
@@ -204,7 +210,7 @@ class _Ops:
             raise FuseOSError(errno.EOPNOTSUPP)
         with self.mutex:
             if self.crashed:
-                return 0
+                raise _eio()
             try:  # the space is taken on the backing filesystem, as a real fallocate takes it
                 fd = os.open(self._b(path), os.O_WRONLY)
                 try:
@@ -222,7 +228,7 @@ class _Ops:
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         with self.mutex:
             if self.crashed:
-                return 0
+                raise _eio()
             img = self.images.pop(path, None)
             self.syncs += 1
             if img is not None and img.pending:
@@ -331,9 +337,9 @@ class CrashFs:
         return reply[1:]
 
     def crash(self) -> tuple[int, int]:
-        """Lose what was not synced (the writers must be dead first) and unmount."""
+        """Lose what was not synced; every later write and sync fails until ``unmount``.
+        Answers the bytes dropped and the files left with a torn last write."""
         dropped, torn = (int(x) for x in self.command("crash"))
-        self.unmount()
         return dropped, torn
 
     def unmount(self, timeout: float = 30.0) -> None:
