@@ -47,6 +47,17 @@ def fuse_available() -> str | None:
     return None
 
 
+SECTOR = 512
+
+
+def _torn_length(rng: random.Random, size: int) -> int:
+    """How much of a write a crash keeps: whole sectors of a longer write (a disk writes a
+    sector whole or not at all), any prefix of a write within one sector."""
+    if size > SECTOR:
+        return rng.randrange(1, (size + SECTOR - 1) // SECTOR) * SECTOR
+    return rng.randrange(1, size) if size > 1 else 0
+
+
 def _eio() -> OSError:
     from mfusepy import FuseOSError
     return FuseOSError(errno.EIO)
@@ -258,7 +269,7 @@ class _Ops:
                 if not writes:
                     continue
                 offset, data = writes[-1]
-                keep = self.rng.randrange(1, len(data)) if len(data) > 1 else 0
+                keep = _torn_length(self.rng, len(data))
                 if keep and os.path.exists(self._b(path)):
                     with open(self._b(path), "r+b") as f:
                         f.seek(offset)
