@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode
+from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode, Space
 from scheduler.clock import SystemClock
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
@@ -185,7 +185,8 @@ class Agent:
         service = runtime.start(node, Bridge(node, loop, runtime.relay), observer=self.metrics)
         self.metrics.worker = runtime.worker
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=runtime.trusted_live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics)
+                         live=runtime.trusted_live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics,
+                         space=Space(c.data_dir))
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
         await self._runner.setup()
