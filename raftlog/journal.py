@@ -23,6 +23,11 @@ from .recovery import recover_journal
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "journal_factory"]
 
+# The journal grows by at most this much at a time (pysyncobj doubles it), so a disk with the
+# API's floor of free space (``space.MIN_FREE``) can always take the next growth.
+_GROW_STEP = 1 << 20
+_RECORD_OVERHEAD = 4 + 16 + 4  # size, idx and term, size
+
 
 class _DurableMeta(MetaStorer):  # type: ignore[misc]
     """pysyncobj's term / vote / commit-index file, replaced durably.
@@ -69,6 +74,24 @@ class _SizedFile(ResizableFile):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rc_size: int = self._ResizableFile__mm.size()
+        # Back the whole mapping with blocks now: a store into a page with none behind it on a
+        # full disk is a SIGBUS that kills the process, not an error (seen: exit status -7).
+        os.posix_fallocate(self.fileno(), 0, self._rc_size)
+
+    def reserve(self, end: int) -> None:
+        """Make the file hold ``end`` bytes, with blocks allocated, or raise ``OSError``
+        (ENOSPC) having written nothing. pysyncobj grows the file by truncating it longer
+        (a sparse tail) and stores through the mapping, so a full disk met there was a SIGBUS
+        halfway through a record."""
+        if end <= self._rc_size:
+            return
+        target = max(end, self._rc_size + min(self._rc_size, _GROW_STEP))
+        os.posix_fallocate(self.fileno(), self._rc_size, target - self._rc_size)
+        try:
+            self._ResizableFile__mm.resize(target)  # the file is that long already: only remaps
+        except (SystemError, OSError):  # no mremap here: ResizableFile.write grows it its own way
+            return
+        self._rc_size = target
 
     def write(self, offset: int, values: bytes) -> None:
         end = offset + len(values)
@@ -119,6 +142,9 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         self.defer = False
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        # Space first: an ENOSPC raised here leaves the journal as it was (pysyncobj drops the
+        # command; its submitter times out as outcome unknown), never half a record.
+        self._rc_file.reserve(self._FileJournal__currentOffset + _RECORD_OVERHEAD + len(command))
         super().add(command, idx, term)
         if self.defer:
             self._rc_dirty = True

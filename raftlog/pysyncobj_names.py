@@ -68,6 +68,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_SYNCOBJ, "raftLastApplied", "property", "the index of the entry being applied"),
     # journal: the durable journal
     PrivateName("FileJournal", "_FileJournal__journalFile", "attribute", "the file to fdatasync"),
+    PrivateName("FileJournal", "_FileJournal__currentOffset", "attribute", "where the next record goes: reserve it"),
     PrivateName("FileJournal", "add", "method", "overridden: sync each append unless deferred"),
     PrivateName("FileJournal", "deleteEntriesTo", "method", "overridden: one sync per compaction"),
     PrivateName("ResizableFile", "_ResizableFile__mm", "attribute", "write without an fstat per entry"),

@@ -14,6 +14,7 @@ fsynced, so a crash leaves either the old dump or the new one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -41,15 +42,22 @@ def _entry(e: Any) -> list[Any]:
 def write_snapshot(path: str, chunks: Iterator[bytes], header: dict[str, Any], fsync: bool) -> None:
     side = path + ".partial"
     head = pack({"v": _VERSION, **header})
-    with open(side, "wb") as f:
-        f.write(MAGIC)
-        f.write(struct.pack(">I", len(head)))
-        f.write(head)
-        for chunk in chunks:
-            f.write(chunk)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(side, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack(">I", len(head)))
+            f.write(head)
+            for chunk in chunks:
+                f.write(chunk)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        # A full disk (or anything else) mid-write: the half-written side file would keep
+        # holding the very space the next attempt needs.
+        with contextlib.suppress(OSError):
+            os.unlink(side)
+        raise
     os.replace(side, path)
     if fsync:
         dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)

@@ -5,13 +5,16 @@ The layout is pysyncobj's: a 40-byte header naming the end of the last record, t
 
 from __future__ import annotations
 
+import errno
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raftlog.journal import _DurableJournal
 from raftlog.recovery import recover_journal, remove_partial_files
+from raftlog.snapshot import write_snapshot
 
 HEADER = 40
 LAST_OFFSET_AT = 36
@@ -113,3 +116,15 @@ def test_side_files_of_interrupted_writes_are_removed(tmp_path: Path) -> None:
     removed = remove_partial_files(tmp_path)
     assert sorted(p.name for p in removed) == ["raft.dump.partial", "raft.journal.meta.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.tmp", "raft.dump", "raft.journal"]
+
+
+def test_a_snapshot_write_that_fails_leaves_no_side_file(tmp_path: Path) -> None:
+    # A full disk mid-snapshot: the half-written side file would hold the space the next try needs.
+    def chunks() -> Iterator[bytes]:
+        yield b"state"
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "raft.dump"
+    with pytest.raises(OSError, match="No space"):
+        write_snapshot(str(path), chunks(), {"last": [b"", 1, 1], "prev": [b"", 0, 0], "cluster": []}, fsync=True)
+    assert list(tmp_path.iterdir()) == []
