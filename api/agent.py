@@ -180,7 +180,7 @@ class Agent:
         _private_dir(c.data_dir)
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
-                       compaction_entries=c.compaction_entries),
+                       compaction_entries=c.compaction_entries, min_free=c.min_free),
             self.state, on_applied=runtime.applied_from_raft, on_role=runtime.role_from_raft,
         )
         await asyncio.to_thread(node.start)

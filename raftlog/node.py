@@ -57,6 +57,7 @@ from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
 from .recovery import remove_partial_files
 from .snapshot import SnapshotWriter, read_snapshot
+from .space import MIN_FREE, Space
 from .transport import send_keepalives
 
 __all__ = ["FAIL_REASON", "ClockEstimate", "MemberStatus", "MissingSecret", "NodeConfig", "NodeStatus", "RaftNode",
@@ -93,6 +94,7 @@ class NodeConfig:
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
+    min_free: int = MIN_FREE  # a leader with less free space in data_dir hands leadership over
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,8 @@ class RaftNode:
         self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
+        self._space = Space(config.data_dir, config.min_free)
+        self._last_space_check = 0.0
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------
@@ -388,6 +392,7 @@ class RaftNode:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it
         self._excuse_own_stall(host)
         self._keepalive(host)
+        self._step_down_when_full(host)
         st = host.getStatus()
         state = _STATES.get(st["state"], "unknown")
         leader = None if st["leader"] is None else str(st["leader"].id)
@@ -446,6 +451,30 @@ class RaftNode:
         if host._SyncObj__raftElectionDeadline < floor:
             host._SyncObj__raftElectionDeadline = floor
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
+
+    def _step_down_when_full(self, host: _Host) -> None:
+        """Once a second: a leader whose data directory is under its floor hands leadership to
+        a caught-up follower. It cannot append, so every write, forwarded ones included, would
+        otherwise wait for a commit that never comes (seen: writes through a follower answered
+        504 for as long as the leader's disk stayed full). As a follower it still cannot store
+        entries, so its log falls behind and it wins no election until space returns."""
+        now = time.monotonic()
+        if now - self._last_space_check < 1.0:
+            return
+        self._last_space_check = now
+        if not host._isLeader() or not host.otherNodes:
+            return
+        free = self._space.short()
+        if free is None:
+            return
+        log.warning("data directory %s has %d bytes free, under the %d a leader needs: handing leadership to "
+                    "a follower", self.config.data_dir, free, self.config.min_free)
+
+        def done(_: Any, err: int) -> None:
+            if err != FAIL_REASON.SUCCESS:
+                log.warning("leadership transfer refused (%s): no follower is caught up yet; trying again", err)
+
+        host.transferLeadership(callback=done)
 
     def _keepalive(self, host: _Host) -> None:
         """Every ``keepalive`` seconds: see ``transport.send_keepalives``."""

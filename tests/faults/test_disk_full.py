@@ -179,3 +179,47 @@ def test_a_journal_that_meets_a_full_disk_fails_the_write_and_recovers(tmp_path:
     finally:
         cluster.stop()
         sink.close()
+
+
+def _leader_name(node: Node) -> str | None:
+    status, body = http("GET", node.url + "/v1/cluster", timeout=2)
+    return (body.get("leader") or {}).get("node_id") if status == 200 else None
+
+
+def test_a_leader_whose_disk_fills_hands_over_and_writes_go_on(tmp_path: Path,
+                                                             tmpfs: Callable[[Path], Path]) -> None:
+    cluster = Cluster.create(tmp_path / "c", 3)
+    for n in cluster.nodes:
+        tmpfs(n.data_dir)
+    acked = _Acked()
+    sink = Sink()
+    t0 = time.time()
+    try:
+        cluster.start()
+        cluster.wait_registered(START_TIMEOUT)
+        full = cluster.leader()
+        others = [n for n in cluster.nodes if n is not full]
+        for k in range(10):
+            assert acked.put(full, f"before-{k}") in (200, 201)
+
+        filler = _fill_up(full.data_dir)  # to the last byte: its journal can take nothing more
+        # Writes through a follower go on: the full leader hands over instead of holding every
+        # forwarded write until it times out.
+        wait_for("a write through a follower acknowledged after the leader's disk filled",
+                 lambda: acked.put(others[0], "during-0") in (200, 201), 60)
+        assert _leader_name(others[0]) != full.name
+        for k in range(1, 10):
+            assert acked.put(others[k % 2], f"during-{k}") in (200, 201)
+        status, body = _put(full, "refused")
+        assert status == 507 and body["error"]["code"] == "insufficient_storage", (status, body)
+        assert full.alive(), full.log()[-3000:]
+
+        filler.unlink()
+        (full.data_dir / "filler.rest").unlink()
+        wait_for(f"{full.name} caught up once space returned",
+                 lambda: http("GET", f"{full.url}/v1/jobs/during-9", timeout=2)[0] == 200, 60)
+        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30)
+        assert verdict.ok, verdict.report()
+    finally:
+        cluster.stop()
+        sink.close()
