@@ -33,7 +33,8 @@ NO_FSYNC = os.environ.get("RAFTCRON_FAULTS_NO_FSYNC") == "1"
 WRITERS = 4
 WRITES_PER_ROUND = 80  # the kill comes once this many are acknowledged (or after WRITE_SECONDS)
 WRITE_SECONDS = 20.0
-START_TIMEOUT = 90.0  # a restart on a busy shared machine; a node that exits fails at once
+START_TIMEOUT = 90.0
+COMPACTION_ENTRIES = 150  # a restart on a busy shared machine; a node that exits fails at once
 
 
 @pytest.fixture
@@ -48,7 +49,10 @@ def fuse() -> None:
 
 @pytest.fixture
 def crash_cluster(tmp_path: Path, fuse: None) -> Iterator[tuple[Cluster, CrashFs]]:
-    cluster = Cluster.create(tmp_path / "c", 1, extra=["--no-fsync"] if NO_FSYNC else [])
+    # Compaction every few hundred entries, so crashes land around snapshots (the dump, its
+    # side file, the journal rewritten after it) as well as around appends.
+    extra = ["--compaction-entries", str(COMPACTION_ENTRIES), *(["--no-fsync"] if NO_FSYNC else [])]
+    cluster = Cluster.create(tmp_path / "c", 1, extra=extra)
     node = cluster.nodes[0]
     fs = CrashFs(tmp_path / "backing", node.data_dir, tmp_path / "crashfs.sock", tmp_path / "crashfs.log")
     try:
