@@ -10,6 +10,7 @@ let a node vote twice in a term. Every pysyncobj private name used here is liste
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
-from .recovery import recover_journal
+from .recovery import journal_header, recover_journal
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "journal_factory"]
 
@@ -128,7 +129,8 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
             super().__init__(journal_file)
         finally:
             _journal_module.MetaStorer, _journal_module.ResizableFile = meta, file
-        self._rc_file: _SizedFile = self._FileJournal__journalFile
+        self._rc_file: _SizedFile = self._FileJournal__journalFile  # type: ignore[has-type]
+        self._rc_path = journal_file
         self._rc_dirty = False
         # True only while pysyncobj appends new commands as leader (``_Host.
         # _checkCommandsToApply``): those appends are synced by ``sync`` at the end of
@@ -152,18 +154,51 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
             os.fdatasync(self._rc_file.fileno())
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
-        # pysyncobj rewrites the kept entries one ``add`` at a time: one sync, not one each.
-        deferred, self.defer = self.defer, True
-        try:
-            super().deleteEntriesTo(entryTo)
-        finally:
-            self.defer = deferred
-        self.sync()
+        """Compaction: the entries from ``entryTo`` on, written to a side file, synced, and
+        renamed over the journal.
+
+        pysyncobj rewrites the journal in place, over records that were synced and
+        acknowledged: power lost before that rewrite is synced leaves some of its pages on
+        the disk over the old journal (writeback keeps no order), and the records past the
+        first mixed page are gone (seen in the crash test: 8 of 3,770 acknowledged writes
+        lost in 40 rounds). A crash now leaves the old journal or the new one, whole.
+        """
+        kept = list(self._FileJournal__journal[entryTo:])  # type: ignore[has-type]
+        path = self._rc_path
+        side = path + ".partial"
+        body = bytearray()
+        for command, idx, term in kept:
+            record = struct.pack("<QQ", idx, term) + _journal_module.to_bytes(command)
+            size = struct.pack("<I", len(record))
+            body += size + record + size
+        end = len(journal_header(0)) + len(body)
+        with open(side, "wb") as f:
+            f.write(journal_header(end))
+            f.write(body)
+            f.flush()
+            os.fdatasync(f.fileno())  # a new file: its length is synced with its data
+        os.replace(side, path)
+        _sync_dir(path)
+        old = self._rc_file
+        old._ResizableFile__mm.close()
+        old._ResizableFile__f.close()
+        self._rc_file = self._FileJournal__journalFile = _SizedFile(path)
+        self._FileJournal__journal = kept
+        self._FileJournal__currentOffset = end
+        self._rc_dirty = False
 
     def sync(self) -> None:
         if self._rc_dirty:
             self._rc_dirty = False
             os.fdatasync(self._rc_file.fileno())
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

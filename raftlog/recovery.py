@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pysyncobj.journal import APP_NAME, FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
 
-__all__ = ["Recovered", "recover_journal", "remove_partial_files"]
+__all__ = ["Recovered", "journal_header", "recover_journal", "remove_partial_files"]
 
 log = logging.getLogger("raftcron.raft")
 _MIN_RECORD = 16  # idx and term, an empty command
@@ -39,7 +39,8 @@ class Recovered:
     reset: bool = False  # the file held no valid header and now holds an empty journal
 
 
-def _header(end: int) -> bytes:
+def journal_header(end: int) -> bytes:
+    """pysyncobj's journal header naming ``end`` as the offset just past the last record."""
     from pysyncobj.journal import JOURNAL_FORMAT_VERSION, NAME_SIZE, VERSION_SIZE
     from pysyncobj.version import VERSION
 
@@ -87,7 +88,7 @@ def recover_journal(path: Path) -> Recovered | None:
         return None
     if len(raw) < FIRST_RECORD_OFFSET or not raw[:FIRST_RECORD_OFFSET].strip(b"\0"):
         # Created but never synced (empty, or grown with zeros): no record was acknowledged.
-        _sync_write(path, 0, _header(FIRST_RECORD_OFFSET))
+        _sync_write(path, 0, journal_header(FIRST_RECORD_OFFSET))
         log.warning("journal %s held no header (%d bytes): starting it empty", path, len(raw))
         return Recovered(records=0, end=FIRST_RECORD_OFFSET, dropped=0, reset=True)
     if not raw.startswith(APP_NAME):
