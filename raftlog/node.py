@@ -49,6 +49,7 @@ from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
 
 from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
+from .codec import CodecError
 from .fsm import ApplyContext, StateMachine
 from .host import _Host
 from .journal import _DurableJournal, journal_factory
@@ -56,7 +57,7 @@ from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
 from .recovery import remove_partial_files
-from .snapshot import SnapshotWriter, read_snapshot
+from .snapshot import SnapshotWriter, check_snapshot, read_snapshot
 from .space import MIN_FREE, Space
 from .transport import send_keepalives
 
@@ -275,6 +276,16 @@ class RaftNode:
             useFork=False,
         )
         remove_partial_files(c.data_dir)  # a crash mid-snapshot or mid-meta write leaves its side file
+        dump = c.data_dir / "raft.dump"
+        if dump.exists():
+            # pysyncobj logs a dump it cannot load and goes on with the journal alone, which
+            # holds only what came after the snapshot: a node with its state silently cut.
+            try:
+                check_snapshot(str(dump))
+            except (CodecError, OSError) as exc:
+                raise CodecError(f"{exc}; refusing to start on the journal alone, which would drop the "
+                                 "snapshot's state: restore the file, or empty the data directory so the node "
+                                 "rejoins from its peers") from exc
         with journal_factory(c.fsync):
             return _Host(self, c.raft_addr, list(c.peers), conf)
 

@@ -27,7 +27,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from .codec import CodecError, pack, unpack
 from .fsm import StateMachine
 
-__all__ = ["SnapshotWriter", "read_snapshot", "write_snapshot", "MAGIC"]
+__all__ = ["SnapshotWriter", "check_snapshot", "read_snapshot", "write_snapshot", "MAGIC"]
 
 log = logging.getLogger("raftcron.raft")
 MAGIC = b"RCSNAP1\n"
@@ -67,20 +67,39 @@ def write_snapshot(path: str, chunks: Iterator[bytes], header: dict[str, Any], f
             os.close(dfd)
 
 
-def read_snapshot(path: str) -> tuple[bytes, tuple[Any, ...], tuple[Any, ...], list[str]]:
-    with open(path, "rb") as f:
-        raw = f.read()
+def _header(path: str, raw: bytes) -> tuple[dict[str, Any], int]:
     if not raw.startswith(MAGIC):
         raise CodecError(f"{path}: not a raftcron snapshot (bad magic)")
+    if len(raw) < len(MAGIC) + 4:
+        raise CodecError(f"{path}: cut short inside its header")
     (hlen,) = struct.unpack(">I", raw[len(MAGIC) : len(MAGIC) + 4])
     start = len(MAGIC) + 4
+    if len(raw) < start + hlen:
+        raise CodecError(f"{path}: cut short inside its header")
     header = unpack(raw[start : start + hlen])
     if not isinstance(header, dict) or header.get("v") != _VERSION:
         raise CodecError(f"{path}: snapshot header version {header.get('v') if isinstance(header, dict) else '?'} "
                          f"is not understood (this build reads version {_VERSION})")
+    return header, start + hlen
+
+
+def check_snapshot(path: str) -> None:
+    """Raise ``CodecError`` unless the file starts with a whole snapshot header this build reads
+    (reads the header only)."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 4)
+        if len(head) == len(MAGIC) + 4 and head.startswith(MAGIC):
+            head += f.read(struct.unpack(">I", head[len(MAGIC) :])[0])
+    _header(path, head)
+
+
+def read_snapshot(path: str) -> tuple[bytes, tuple[Any, ...], tuple[Any, ...], list[str]]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    header, body = _header(path, raw)
     last = tuple(header["last"])
     prev = tuple(header["prev"])
-    return raw[start + hlen :], last, prev, list(header["cluster"])
+    return raw[body:], last, prev, list(header["cluster"])
 
 
 class SnapshotWriter:
