@@ -200,6 +200,7 @@ class RaftNode:
         self._status_lock = threading.Lock()
         self._space = Space(config.data_dir, config.min_free)
         self._last_space_check = 0.0
+        self._fatal: OSError | None = None  # the journal's failed sync, once there was one
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------
@@ -462,6 +463,13 @@ class RaftNode:
         if host._SyncObj__raftElectionDeadline < floor:
             host._SyncObj__raftElectionDeadline = floor
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
+
+    def _journal_failed(self, exc: OSError) -> None:
+        """Called by the raft thread, every tick, once the journal failed to sync."""
+        if self._fatal is None:
+            self._fatal = exc
+            log.critical("the journal could not be synced (%s): what it holds on disk is unknown, so this node "
+                         "acknowledges nothing more and leaves raft to its peers; restart it", exc)
 
     def _step_down_when_full(self, host: _Host) -> None:
         """Once a second: a leader whose data directory is under its floor hands leadership to

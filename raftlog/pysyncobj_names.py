@@ -62,6 +62,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_SYNCOBJ, "_SyncObj__getCurrentLogIndex", "method", "eager sends"),
     PrivateName(_SYNCOBJ, "_SyncObj__sendAppendEntries", "method", "eager sends"),
     PrivateName(_SYNCOBJ, "_SyncObj__sendNextNodeIdx", "method", "overridden: sync before a follower answers"),
+    PrivateName(_SYNCOBJ, "_onTick", "method", "overridden: a node whose journal failed to sync stops"),
     PrivateName(_SYNCOBJ, "_checkCommandsToApply", "method", "overridden: deferred sync, batched forwarding"),
     PrivateName(_SYNCOBJ, "_isLeader", "method", "role on the raft thread"),
     PrivateName(_SYNCOBJ, "_getLeader", "method", "RaftNode.leader"),
