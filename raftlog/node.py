@@ -52,7 +52,7 @@ from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
 from .codec import CodecError
 from .fsm import ApplyContext, StateMachine
 from .host import _Host
-from .journal import _DurableJournal, journal_factory
+from .journal import _DurableJournal, align_to_snapshot, journal_factory
 from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
@@ -282,11 +282,17 @@ class RaftNode:
             # pysyncobj logs a dump it cannot load and goes on with the journal alone, which
             # holds only what came after the snapshot: a node with its state silently cut.
             try:
-                check_snapshot(str(dump))
+                prev, last = check_snapshot(str(dump))
             except (CodecError, OSError) as exc:
                 raise CodecError(f"{exc}; refusing to start on the journal alone, which would drop the "
                                  "snapshot's state: restore the file, or empty the data directory so the node "
                                  "rejoins from its peers") from exc
+            journal = c.data_dir / "raft.journal"
+            if journal.exists():
+                dropped = align_to_snapshot(str(journal), prev, last)
+                if dropped:
+                    log.warning("journal compacted to the snapshot at index %d (%d entries before it dropped): "
+                                "a crash had come between writing the snapshot and compacting", last[0], dropped)
         with journal_factory(c.fsync):
             return _Host(self, c.raft_addr, list(c.peers), conf)
 

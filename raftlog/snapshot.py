@@ -83,14 +83,19 @@ def _header(path: str, raw: bytes) -> tuple[dict[str, Any], int]:
     return header, start + hlen
 
 
-def check_snapshot(path: str) -> None:
+def check_snapshot(path: str) -> tuple[tuple[int, int], tuple[int, int]]:
     """Raise ``CodecError`` unless the file starts with a whole snapshot header this build reads
-    (reads the header only)."""
+    (reads the header only); answer its (index, term) of ``prev`` and ``last``."""
     with open(path, "rb") as f:
         head = f.read(len(MAGIC) + 4)
         if len(head) == len(MAGIC) + 4 and head.startswith(MAGIC):
             head += f.read(struct.unpack(">I", head[len(MAGIC) :])[0])
-    _header(path, head)
+    header, _ = _header(path, head)
+    try:
+        prev, last = header["prev"], header["last"]
+        return (int(prev[1]), int(prev[2])), (int(last[1]), int(last[2]))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise CodecError(f"{path}: snapshot header without its last entries") from exc
 
 
 def read_snapshot(path: str) -> tuple[bytes, tuple[Any, ...], tuple[Any, ...], list[str]]:
