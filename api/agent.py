@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode
+from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode, Space
+from raftlog.space import MIN_FREE
 from scheduler.clock import SystemClock
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
@@ -59,6 +60,7 @@ class AgentConfig:
     alert_webhook: str | None = None
     lease: float = 5.0
     fsync: bool = True
+    min_free: int = MIN_FREE
     compaction_entries: int = 20000
     max_clock_skew: float = 0.5
 
@@ -90,6 +92,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-clock-skew", default=_env("MAX_CLOCK_SKEW", "500ms"), help="a node whose clock is further than this from the leader's gets no attempts, e.g. 500ms, 2s (RAFTCRON_MAX_CLOCK_SKEW)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
+    p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="debug|info|warning (RAFTCRON_LOG_LEVEL)")
 
@@ -129,6 +132,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         allow_shell=bool(args.allow_shell), shell_user=shell_user, api_token=args.api_token, api_read_token=args.api_read_token,
         alert_webhook=args.alert_webhook, lease=parse_duration(args.lease), fsync=not args.no_fsync,
         compaction_entries=args.compaction_entries, max_clock_skew=parse_max_skew(str(args.max_clock_skew)),
+        min_free=args.min_free,
     )
 
 
@@ -176,7 +180,7 @@ class Agent:
         _private_dir(c.data_dir)
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
-                       compaction_entries=c.compaction_entries),
+                       compaction_entries=c.compaction_entries, min_free=c.min_free),
             self.state, on_applied=runtime.applied_from_raft, on_role=runtime.role_from_raft,
         )
         await asyncio.to_thread(node.start)
@@ -185,7 +189,8 @@ class Agent:
         service = runtime.start(node, Bridge(node, loop, runtime.relay), observer=self.metrics)
         self.metrics.worker = runtime.worker
         ctx = ApiContext(service=service, node_id=c.node_id, http_addr=self.advertise_http, raft_addr=c.raft_addr,
-                         live=runtime.trusted_live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics)
+                         live=runtime.trusted_live, tokens=Tokens(c.api_token, c.api_read_token), metrics=self.metrics,
+                         space=Space(c.data_dir, c.min_free))
         self.api_context = ctx
         self._runner = web.AppRunner(create_app(ctx), access_log=None)
         await self._runner.setup()

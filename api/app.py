@@ -15,7 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler.errors import Forbidden, PayloadTooLarge, RaftcronError, Unauthorized, Unavailable
+from scheduler.errors import (
+    Forbidden,
+    InsufficientStorage,
+    PayloadTooLarge,
+    RaftcronError,
+    Unauthorized,
+    Unavailable,
+)
 
 from .context import CTX, ApiContext, as_reader
 from .routes import cluster, jobs, metrics, runs, ui
@@ -95,6 +102,24 @@ def _auth_middleware(ctx: ApiContext) -> Any:
     return auth
 
 
+def _space_middleware(ctx: ApiContext) -> Any:
+    """A write is refused before it is proposed while the data directory is under its floor:
+    proposed, it would reach a journal that cannot grow and time out as outcome unknown."""
+
+    @web.middleware
+    async def space(request: web.Request, handler: _Next) -> web.StreamResponse:
+        if ctx.space is not None and request.method not in ("GET", "HEAD", "OPTIONS"):
+            free = ctx.space.short()
+            if free is not None:
+                raise InsufficientStorage(
+                    f"the data directory of node {ctx.node_id} has {free / 2**20:.1f} MiB free, under the "
+                    f"{ctx.space.min_free / 2**20:.1f} MiB its journal needs: free space there, then repeat "
+                    "the write (nothing acknowledged was lost)")
+        return await handler(request)
+
+    return space
+
+
 def _same_token(given: str, expected: str) -> bool:
     # compare_digest refuses str with non-ASCII characters (TypeError, a 500): compare the
     # UTF-8 bytes; surrogateescape keeps any header byte encodable.
@@ -126,7 +151,8 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 
 def create_app(ctx: ApiContext) -> web.Application:
-    app = web.Application(client_max_size=ctx.max_body, middlewares=[error_middleware, _auth_middleware(ctx)])
+    app = web.Application(client_max_size=ctx.max_body, middlewares=[error_middleware, _auth_middleware(ctx),
+                                                                        _space_middleware(ctx)])
     app[CTX] = ctx
     route_of: dict[tuple[str, str], Route] = {}
     for r in ROUTES:

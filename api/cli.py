@@ -175,6 +175,9 @@ def _report(exc: ClientError, prefix: str = "") -> None:
             print(f"error: {prefix}{field + ': ' if field else ''}{text}", file=sys.stderr)
     else:
         print(f"error: {prefix}{exc.message}", file=sys.stderr)
+    if exc.code == "insufficient_storage":
+        print("hint: the node's disk is nearly full; the write was refused, not lost. Free space in its "
+              "--data-dir (or grow the disk) and run the command again.", file=sys.stderr)
 
 
 def parse_since(value: str, now: datetime) -> str:

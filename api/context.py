@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from raftlog import Space
 from scheduler.base import RaftPort
 from scheduler.service import Service
 from scheduler.state import State
@@ -36,6 +37,8 @@ class ApiContext:
     # The agent's metrics; an app built without them (the API tests) makes its own on the
     # first scrape (routes/metrics.py), reading what the context has.
     metrics: Metrics | None = None
+    # The data directory's free space: writes are refused (507) under its floor. None: not checked.
+    space: Space | None = None
 
     @property
     def state(self) -> State:

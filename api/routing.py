@@ -139,7 +139,8 @@ def _ref(name: str) -> dict[str, Any]:
 
 _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 400: "Invalid input", 401: "No or wrong token",
                 403: "Token may not write", 404: "Not found", 409: "Conflict", 413: "Body too large",
-                503: "No leader; retry after Retry-After seconds", 504: "Commit not confirmed; safe to repeat"}
+                503: "No leader; retry after Retry-After seconds", 504: "Commit not confirmed; safe to repeat",
+                507: "This node's data directory is nearly full; nothing was written"}
 
 
 def openapi(routes: list[Route], components: dict[str, Any], version: str) -> dict[str, Any]:
@@ -163,7 +164,7 @@ def openapi(routes: list[Route], components: dict[str, Any], version: str) -> di
         if not r.public:
             statuses.setdefault(401, "Error")
         if r.write:
-            statuses.update({403: "Error", 413: "Error", 503: "Error", 504: "Error"})
+            statuses.update({403: "Error", 413: "Error", 503: "Error", 504: "Error", 507: "Error"})
         for status, schema in sorted(statuses.items()):
             entry: dict[str, Any] = {"description": _STATUS_TEXT.get(status, "")}
             if schema == "text":

@@ -4,6 +4,7 @@ here is listed in ``pysyncobj_names``."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -27,6 +28,17 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         # Our listener and connections in place of pysyncobj's: see raftlog.listener.
         super().__init__(self_addr, peers, conf, transportClass=GuardedTransport)
         self._rc_take_send(self._SyncObj__transport)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
+        # A journal that failed to sync may have lost what it was told to keep: this node must
+        # acknowledge nothing more, neither as leader (a commit counts its own copy) nor as
+        # follower. It stops taking part in raft; its peers elect without it.
+        journal = self._rc_owner._journal
+        if journal is not None and journal.failed is not None:
+            self._rc_owner._journal_failed(journal.failed)
+            time.sleep(max(timeToWait, 0.05))
+            return
+        super()._onTick(timeToWait)
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         owner = self._rc_owner

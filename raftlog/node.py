@@ -49,13 +49,16 @@ from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
 
 from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
+from .codec import CodecError
 from .fsm import ApplyContext, StateMachine
 from .host import _Host
-from .journal import _DurableJournal, journal_factory
+from .journal import _DurableJournal, align_to_snapshot, journal_factory
 from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
 from .pysyncobj_names import check_pysyncobj
-from .snapshot import SnapshotWriter, read_snapshot
+from .recovery import remove_partial_files
+from .snapshot import SnapshotWriter, check_snapshot, read_snapshot
+from .space import MIN_FREE, Space
 from .transport import send_keepalives
 
 __all__ = ["FAIL_REASON", "ClockEstimate", "MemberStatus", "MissingSecret", "NodeConfig", "NodeStatus", "RaftNode",
@@ -92,6 +95,7 @@ class NodeConfig:
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
+    min_free: int = MIN_FREE  # a leader with less free space in data_dir hands leadership over
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +198,9 @@ class RaftNode:
         self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
+        self._space = Space(config.data_dir, config.min_free)
+        self._last_space_check = 0.0
+        self._fatal: OSError | None = None  # the journal's failed sync, once there was one
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------
@@ -269,6 +276,23 @@ class RaftNode:
             connectionTimeout=2.0,
             useFork=False,
         )
+        remove_partial_files(c.data_dir)  # a crash mid-snapshot or mid-meta write leaves its side file
+        dump = c.data_dir / "raft.dump"
+        if dump.exists():
+            # pysyncobj logs a dump it cannot load and goes on with the journal alone, which
+            # holds only what came after the snapshot: a node with its state silently cut.
+            try:
+                prev, last = check_snapshot(str(dump))
+            except (CodecError, OSError) as exc:
+                raise CodecError(f"{exc}; refusing to start on the journal alone, which would drop the "
+                                 "snapshot's state: restore the file, or empty the data directory so the node "
+                                 "rejoins from its peers") from exc
+            journal = c.data_dir / "raft.journal"
+            if journal.exists():
+                dropped = align_to_snapshot(str(journal), prev, last)
+                if dropped:
+                    log.warning("journal compacted to the snapshot at index %d (%d entries before it dropped): "
+                                "a crash had come between writing the snapshot and compacting", last[0], dropped)
         with journal_factory(c.fsync):
             return _Host(self, c.raft_addr, list(c.peers), conf)
 
@@ -386,6 +410,7 @@ class RaftNode:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it
         self._excuse_own_stall(host)
         self._keepalive(host)
+        self._step_down_when_full(host)
         st = host.getStatus()
         state = _STATES.get(st["state"], "unknown")
         leader = None if st["leader"] is None else str(st["leader"].id)
@@ -446,6 +471,37 @@ class RaftNode:
         if host._SyncObj__raftElectionDeadline < floor:
             host._SyncObj__raftElectionDeadline = floor
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
+
+    def _journal_failed(self, exc: OSError) -> None:
+        """Called by the raft thread, every tick, once the journal failed to sync."""
+        if self._fatal is None:
+            self._fatal = exc
+            log.critical("the journal could not be synced (%s): what it holds on disk is unknown, so this node "
+                         "acknowledges nothing more and leaves raft to its peers; restart it", exc)
+
+    def _step_down_when_full(self, host: _Host) -> None:
+        """Once a second: a leader whose data directory is under its floor hands leadership to
+        a caught-up follower. It cannot append, so every write, forwarded ones included, would
+        otherwise wait for a commit that never comes (seen: writes through a follower answered
+        504 for as long as the leader's disk stayed full). As a follower it still cannot store
+        entries, so its log falls behind and it wins no election until space returns."""
+        now = time.monotonic()
+        if now - self._last_space_check < 1.0:
+            return
+        self._last_space_check = now
+        if not host._isLeader() or not host.otherNodes:
+            return
+        free = self._space.short()
+        if free is None:
+            return
+        log.warning("data directory %s has %d bytes free, under the %d a leader needs: handing leadership to "
+                    "a follower", self.config.data_dir, free, self.config.min_free)
+
+        def done(_: Any, err: int) -> None:
+            if err != FAIL_REASON.SUCCESS:
+                log.warning("leadership transfer refused (%s): no follower is caught up yet; trying again", err)
+
+        host.transferLeadership(callback=done)
 
     def _keepalive(self, host: _Host) -> None:
         """Every ``keepalive`` seconds: see ``transport.send_keepalives``."""

@@ -62,12 +62,15 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_SYNCOBJ, "_SyncObj__getCurrentLogIndex", "method", "eager sends"),
     PrivateName(_SYNCOBJ, "_SyncObj__sendAppendEntries", "method", "eager sends"),
     PrivateName(_SYNCOBJ, "_SyncObj__sendNextNodeIdx", "method", "overridden: sync before a follower answers"),
+    PrivateName(_SYNCOBJ, "_onTick", "method", "overridden: a node whose journal failed to sync stops"),
     PrivateName(_SYNCOBJ, "_checkCommandsToApply", "method", "overridden: deferred sync, batched forwarding"),
     PrivateName(_SYNCOBJ, "_isLeader", "method", "role on the raft thread"),
     PrivateName(_SYNCOBJ, "_getLeader", "method", "RaftNode.leader"),
     PrivateName(_SYNCOBJ, "raftLastApplied", "property", "the index of the entry being applied"),
     # journal: the durable journal
     PrivateName("FileJournal", "_FileJournal__journalFile", "attribute", "the file to fdatasync"),
+    PrivateName("FileJournal", "_FileJournal__currentOffset", "attribute", "where the next record goes: reserve it"),
+    PrivateName("FileJournal", "_FileJournal__journal", "attribute", "the entries a compaction keeps"),
     PrivateName("FileJournal", "add", "method", "overridden: sync each append unless deferred"),
     PrivateName("FileJournal", "deleteEntriesTo", "method", "overridden: one sync per compaction"),
     PrivateName("ResizableFile", "_ResizableFile__mm", "attribute", "write without an fstat per entry"),
@@ -80,6 +83,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("pysyncobj.journal", "ResizableFile", "global", "swapped while a journal is constructed"),
     PrivateName("pysyncobj.journal", "loads", "global", "the meta file's encoding"),
     PrivateName("pysyncobj.journal", "dumps", "global", "the meta file's encoding"),
+    PrivateName("pysyncobj.journal", "to_bytes", "global", "a record's command, as FileJournal.add writes it"),
     PrivateName("pysyncobj.syncobj", "createJournal", "global", "swapped while the SyncObj is constructed"),
     PrivateName("pysyncobj.pipe_notifier", "PipeNotifier", "global", "wakes the raft thread on a submit"),
     # listener.GuardedTransport: pysyncobj's TCPTransport with our listener and connections

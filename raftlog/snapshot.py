@@ -14,6 +14,7 @@ fsynced, so a crash leaves either the old dump or the new one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -26,7 +27,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from .codec import CodecError, pack, unpack
 from .fsm import StateMachine
 
-__all__ = ["SnapshotWriter", "read_snapshot", "write_snapshot", "MAGIC"]
+__all__ = ["SnapshotWriter", "check_snapshot", "read_snapshot", "write_snapshot", "MAGIC"]
 
 log = logging.getLogger("raftcron.raft")
 MAGIC = b"RCSNAP1\n"
@@ -41,15 +42,22 @@ def _entry(e: Any) -> list[Any]:
 def write_snapshot(path: str, chunks: Iterator[bytes], header: dict[str, Any], fsync: bool) -> None:
     side = path + ".partial"
     head = pack({"v": _VERSION, **header})
-    with open(side, "wb") as f:
-        f.write(MAGIC)
-        f.write(struct.pack(">I", len(head)))
-        f.write(head)
-        for chunk in chunks:
-            f.write(chunk)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(side, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack(">I", len(head)))
+            f.write(head)
+            for chunk in chunks:
+                f.write(chunk)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        # A full disk (or anything else) mid-write: the half-written side file would keep
+        # holding the very space the next attempt needs.
+        with contextlib.suppress(OSError):
+            os.unlink(side)
+        raise
     os.replace(side, path)
     if fsync:
         dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
@@ -59,20 +67,44 @@ def write_snapshot(path: str, chunks: Iterator[bytes], header: dict[str, Any], f
             os.close(dfd)
 
 
-def read_snapshot(path: str) -> tuple[bytes, tuple[Any, ...], tuple[Any, ...], list[str]]:
-    with open(path, "rb") as f:
-        raw = f.read()
+def _header(path: str, raw: bytes) -> tuple[dict[str, Any], int]:
     if not raw.startswith(MAGIC):
         raise CodecError(f"{path}: not a raftcron snapshot (bad magic)")
+    if len(raw) < len(MAGIC) + 4:
+        raise CodecError(f"{path}: cut short inside its header")
     (hlen,) = struct.unpack(">I", raw[len(MAGIC) : len(MAGIC) + 4])
     start = len(MAGIC) + 4
+    if len(raw) < start + hlen:
+        raise CodecError(f"{path}: cut short inside its header")
     header = unpack(raw[start : start + hlen])
     if not isinstance(header, dict) or header.get("v") != _VERSION:
         raise CodecError(f"{path}: snapshot header version {header.get('v') if isinstance(header, dict) else '?'} "
                          f"is not understood (this build reads version {_VERSION})")
+    return header, start + hlen
+
+
+def check_snapshot(path: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Raise ``CodecError`` unless the file starts with a whole snapshot header this build reads
+    (reads the header only); answer its (index, term) of ``prev`` and ``last``."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 4)
+        if len(head) == len(MAGIC) + 4 and head.startswith(MAGIC):
+            head += f.read(struct.unpack(">I", head[len(MAGIC) :])[0])
+    header, _ = _header(path, head)
+    try:
+        prev, last = header["prev"], header["last"]
+        return (int(prev[1]), int(prev[2])), (int(last[1]), int(last[2]))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise CodecError(f"{path}: snapshot header without its last entries") from exc
+
+
+def read_snapshot(path: str) -> tuple[bytes, tuple[Any, ...], tuple[Any, ...], list[str]]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    header, body = _header(path, raw)
     last = tuple(header["last"])
     prev = tuple(header["prev"])
-    return raw[start + hlen :], last, prev, list(header["cluster"])
+    return raw[body:], last, prev, list(header["cluster"])
 
 
 class SnapshotWriter:

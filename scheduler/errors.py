@@ -14,7 +14,8 @@ croniter, aiohttp) are translated into these where they enter, chained with
     ├── Conflict                  409 conflict
     ├── PayloadTooLarge           413 payload_too_large
     ├── Unavailable               503 unavailable      (no leader, election, quorum lost)
-    └── OutcomeUnknown            504 outcome_unknown  (submitted, commit not confirmed in time)
+    ├── OutcomeUnknown            504 outcome_unknown  (submitted, commit not confirmed in time)
+    └── InsufficientStorage       507 insufficient_storage (this node's data directory is nearly full)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "PayloadTooLarge",
     "Unavailable",
     "OutcomeUnknown",
+    "InsufficientStorage",
     "FieldError",
 ]
 
@@ -105,3 +107,11 @@ class OutcomeUnknown(RaftcronError):
 
     status = 504
     code = "outcome_unknown"
+
+
+class InsufficientStorage(RaftcronError):
+    """The node's data directory has less free space than the journal needs; the write was
+    not proposed. Nothing already acknowledged is lost; free space and repeat."""
+
+    status = 507
+    code = "insufficient_storage"

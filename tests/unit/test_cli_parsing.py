@@ -219,3 +219,12 @@ def test_bash_completion_completes(capsys: pytest.CaptureFixture[str], line: str
     result = subprocess.run(["bash", "-c", program], capture_output=True, text=True,
                             timeout=30, check=True)
     assert result.stdout.split() == [expected]
+
+
+def test_a_full_disk_is_reported_with_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    cli._report(cli.ClientError(507, "insufficient_storage", "the data directory of node n1 has 1.0 MiB free"))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "error: the data directory of node n1 has 1.0 MiB free"
+    assert err[1].startswith("hint: the node's disk is nearly full; the write was refused, not lost.")
+    cli._report(cli.ClientError(503, "unavailable", "no leader"))
+    assert "hint" not in capsys.readouterr().err
