@@ -54,6 +54,7 @@ __all__ = ["Worker"]
 log = logging.getLogger("raftcron.worker")
 BATCH = 300  # results per FinishRuns entry
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
+STALL_LIMIT = 2.0  # seconds a wait for an instant may overrun before the attempt is declined (see _sleep_unstalled)
 
 
 class Worker:
@@ -236,7 +237,8 @@ class Worker:
             local_due += lead + lead_error if lead else 0
             delay = (local_due - us(self.clock.now())) / 1e6
             if delay > 0:
-                await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
+                if not await self._sleep_unstalled(run, delay if est is not None else min(delay, ESTIMATE_POLL)):
+                    return False
                 continue
             if est is not None and self._clock_ok(est, lead):
                 return True
@@ -251,6 +253,25 @@ class Worker:
                             why, now - waiting_since)
                 return False
             await self.clock.sleep(ESTIMATE_POLL)
+
+    async def _sleep_unstalled(self, run: RunRecord, seconds: float) -> bool:
+        """Sleep ``seconds``; False (the attempt declined) if the wake came far later than asked.
+
+        A wake that late means this process was stopped (SIGSTOP) or starved meanwhile. The
+        leader went on without it: after a lease it counts the attempt lost and claims the slot
+        again elsewhere, so firing now would run the slot twice, long after its instant. The limit is half a lease, as for a node cut off from the leader,
+        but no more than STALL_LIMIT, so a long lease does not widen it.
+        """
+        wake = self.clock.monotonic() + seconds
+        await self.clock.sleep(seconds)
+        overrun = self.clock.monotonic() - wake
+        if overrun <= min(self.lease / 2, STALL_LIMIT):
+            return True
+        self.declined += 1
+        log.warning("not starting %s attempt %d of slot %s (run %s): its wait overran by %.1fs (this process was "
+                    "stopped or starved); the leader will count it lost", run["job"], run["attempt"],
+                    from_us(run["slot_us"]).isoformat(), run["id"], overrun)
+        return False
 
     def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
         """Whether this node's clock is near enough the cluster's to start an attempt.
