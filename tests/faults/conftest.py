@@ -15,12 +15,17 @@ pytestmark = pytest.mark.faults
 
 
 @pytest.fixture
-def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+def tools() -> None:
+    """Fails under CI=1, else skips, when the machine cannot run the fault suite."""
     why = require_tools()
     if why is not None:
         if required():
             pytest.fail(f"{why} (CI=1: the fault suite must run)")
         pytest.skip(why)
+
+
+@pytest.fixture
+def rig(tools: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
     made = Rig(tmp_path)
     try:
         made.start()

@@ -6,6 +6,7 @@ nodes' signals, note each fault's interval, then ``judge`` the window by the che
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class Rig:
                                          catchup={"policy": "all", "window": "5m"},
                                          history={"keep": 10000}), timeout=60)
         for expect in JOBS:
-            wait_for(f"a delivery of {expect.name}", lambda e=expect: self.delivered(e.name), timeout=60)
+            wait_for(f"a delivery of {expect.name}", functools.partial(self.delivered, expect.name), timeout=60)
         return self
 
     @property
@@ -91,8 +92,8 @@ class Rig:
         leader = self.leader(timeout)
         since = time.time()
         for expect in JOBS:
-            wait_for(f"{expect.name} delivered again after the fault", lambda e=expect: self.delivered(e.name, since),
-                     timeout=timeout)
+            wait_for(f"{expect.name} delivered again after the fault",
+                     functools.partial(self.delivered, expect.name, since), timeout=timeout)
         return leader
 
     def judge(self, t0: float, t1: float | None = None, settle_timeout: float = 90.0) -> Verdict:

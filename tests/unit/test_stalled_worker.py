@@ -1,9 +1,9 @@
-"""A worker whose wait for an attempt's instant overran (its process stopped or starved) declines it.
+"""A worker declines an attempt it would start long past its instant and its claim.
 
-While a node is stopped (SIGSTOP) or starved the leader goes on: after a lease it counts the
-node's attempts lost and claims them again elsewhere. A worker that wakes late and fires anyway
-runs the slot a second time, long after its instant. The wait is on the monotonic clock; a
-FakeClock advanced in one step past the instant stands for the stall.
+While a node is stopped (SIGSTOP), starved or cut off, the leader goes on: it counts the node's
+unstarted claims lost and claims the slots again elsewhere. A worker that wakes late, or applies
+a claim only when its partition heals, and fires anyway runs the slot a second time, long after
+its instant. A FakeClock advanced in one step past the instant stands for the stall.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _worker_with_claim(slot_in: float, lease: float) -> tuple[FakeClock, State, Worker, Recorder, str]:
+async def _worker_with_claim(slot_in: float, lease: float, *, claimed_in: float = 0.0,
+                             applied_in: float = 0.0) -> tuple[FakeClock, State, Worker, Recorder, str]:
+    """A worker given one claim for the slot at T0 + ``slot_in``, decided by the leader at
+    T0 + ``claimed_in`` and applied here at T0 + ``applied_in``."""
     clock = FakeClock(T0)
     state = State()
     node = MemoryNode(state)
@@ -52,10 +55,10 @@ async def _worker_with_claim(slot_in: float, lease: float) -> tuple[FakeClock, S
     worker = Worker(service, clock, {"http": rec}, lease=lease, flush_interval=0.001, max_skew=60.0)
     node.hooks.append(lambda a: worker.on_applied(a, False))
     worker.start()
-    result, _ = await service.propose(ClaimSlots(at_us=us(T0), leader="n1", term=1, claims=(
+    clock.advance(applied_in)
+    result, _ = await service.propose(ClaimSlots(at_us=us(T0 + timedelta(seconds=claimed_in)), leader="n1", term=1, claims=(
         Claim(job="tick", slot_us=us(T0 + timedelta(seconds=slot_in)), trigger="manual", node="n1", request_key="k"),)))
     await _settle()
-    assert clock.sleepers >= 1, "the worker waits for the instant"
     return clock, state, worker, rec, str(result["runs"][0]["id"])
 
 
@@ -85,6 +88,27 @@ async def test_a_wait_overrun_within_the_limit_still_fires() -> None:
     clock, state, worker, rec, rid = await _worker_with_claim(10.0, lease=5.0)
     try:
         clock.advance(10.0 + 1.5)  # a busy machine's lag: under min(half a lease, 2 s)
+        await _settle()
+        assert len(rec.fired) == 1 and worker.declined == 0
+    finally:
+        await worker.stop()
+
+
+async def test_a_claim_applied_long_after_its_instant_is_declined() -> None:
+    # A follower cut off just after the claim committed applies it when the cut heals, 11 s on.
+    clock, state, worker, rec, rid = await _worker_with_claim(2.0, lease=2.0, claimed_in=0.0, applied_in=13.0)
+    try:
+        await _settle()
+        assert rec.fired == [], "fired 11 s after its instant, when the leader had retried it elsewhere"
+        assert worker.declined == 1 and state.runs[rid]["status"] == "claimed"
+    finally:
+        await worker.stop()
+
+
+async def test_a_catch_up_claim_for_an_old_slot_fires_at_once() -> None:
+    # Claimed now for a slot a minute past (catch-up): on time from its claim.
+    clock, state, worker, rec, rid = await _worker_with_claim(-60.0, lease=2.0, claimed_in=0.0)
+    try:
         await _settle()
         assert len(rec.fired) == 1 and worker.declined == 0
     finally:
