@@ -1,11 +1,9 @@
 """Fixtures of the fault suite: a rig per test, torn down (agents, receiver, namespaces, nft
-table, iptables chain) whatever the outcome, with the agents' logs printed on failure."""
+table, iptables chain) whatever the outcome, with the agents' logs printed when a test of the module failed."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,7 +12,7 @@ from .rig import FIGURES, Rig, require_tools, required
 pytestmark = pytest.mark.faults
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tools() -> None:
     """Fails under CI=1, else skips, when the machine cannot run the fault suite."""
     why = require_tools()
@@ -24,24 +22,29 @@ def tools() -> None:
         pytest.skip(why)
 
 
-@pytest.fixture
-def rig(tools: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
-    made = Rig(tmp_path)
+@pytest.fixture(scope="module")
+def rig(tools: None, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """One cluster per module (starting one costs ~10 s of the suite's budget); each test
+    waits for it to deliver again before its own fault and judges only its own window."""
+    failed = request.session.testsfailed
+    made = Rig(tmp_path_factory.mktemp("faults"))
     try:
         made.start()
         yield made
     finally:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is None or rep.failed:
+        if request.session.testsfailed > failed:
             print(made.logs())
         made.close()
 
 
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, "rep_" + rep.when, rep)
+@pytest.fixture(autouse=True)
+def recovered(request: pytest.FixtureRequest) -> None:
+    """Before each test that uses the rig: the cluster whole and delivering, no fault on record."""
+    if "rig" in request.fixturenames:
+        made: Rig = request.getfixturevalue("rig")
+        made.net.calm()
+        made.faults.clear()
+        made.wait_recovered()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

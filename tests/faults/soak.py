@@ -34,11 +34,13 @@ class Soak:
     done: Counter[str] = field(default_factory=Counter)
     terms: list[int] = field(default_factory=list)
 
-    def run(self) -> Verdict:
+    def run(self, shared: Rig | None = None) -> Verdict:
+        """Start a rig (or use ``shared``, already started, left running), inject, judge."""
         rng = random.Random(self.seed)
-        rig = Rig(self.tmp)
+        rig = shared or Rig(self.tmp)
         try:
-            rig.start()
+            if shared is None:
+                rig.start()
             t0 = time.time()
             end = t0 + self.minutes * 60
             longest = min(10.0, max(3.0, self.minutes * 60 / 4))
@@ -57,10 +59,12 @@ class Soak:
                      f"raft term at the end {self.terms[-1]}")
             return verdict
         except BaseException:
-            self.say(rig.logs())
+            if shared is None:
+                self.say(rig.logs())
             raise
         finally:
-            rig.close()
+            if shared is None:
+                rig.close()
 
     def one(self, rig: Rig, rng: random.Random, kind: str, length: float) -> None:
         leader = rig.leader(timeout=120)

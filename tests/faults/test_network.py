@@ -131,14 +131,14 @@ def test_delay_and_loss_on_every_link(rig: Rig) -> None:
     rig.net.slow(0.2, 0.1)
     rig.net.lossy(5)
     start = time.time()
-    hold(20.0)
+    hold(12.0)
     during = [rig.term(n) for n in rig.c.nodes]
     rig.net.calm()
     rig.fault(start, time.time())
     assert rig.net.delayer is not None and rig.net.delayer.held > 100, "the delayer held the nodes' packets"
-    FIGURES.append(f"faults: 200+-100 ms delay, 5 % loss for 20 s: raft term {max(terms)} -> {max(during)} "
+    FIGURES.append(f"faults: 200+-100 ms delay, 5 % loss for 12 s: raft term {max(terms)} -> {max(during)} "
                    f"({rig.net.delayer.held} packets delayed)")
-    judged(rig, t0, "200+-100 ms delay with 5 % loss 20 s")
+    judged(rig, t0, "200+-100 ms delay with 5 % loss 12 s")
 
 
 def test_leader_stopped_ten_seconds(rig: Rig) -> None:
