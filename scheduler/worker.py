@@ -54,6 +54,7 @@ __all__ = ["Worker"]
 log = logging.getLogger("raftcron.worker")
 BATCH = 300  # results per FinishRuns entry
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
+LATE_LIMIT = 2.0  # seconds past its instant (or its claim) an attempt may still start, at most (see _too_late)
 
 
 class Worker:
@@ -239,7 +240,7 @@ class Worker:
                 await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
                 continue
             if est is not None and self._clock_ok(est, lead):
-                return True
+                return not self._too_late(run, (us(self.clock.now()) - local_due) / 1e6 - max(0, run["claimed_us"] - due) / 1e6)
             now = self.clock.monotonic()
             if waiting_since is None:
                 waiting_since = now
@@ -251,6 +252,27 @@ class Worker:
                             why, now - waiting_since)
                 return False
             await self.clock.sleep(ESTIMATE_POLL)
+
+    def _too_late(self, run: RunRecord, late: float) -> bool:
+        """Whether an attempt ``late`` seconds past both its instant and its claim (by the
+        cluster's clock) must be declined: past min(half a lease, LATE_LIMIT).
+
+        The leader counts a claim that was not started lost a grace after the later of the two
+        and claims the slot again elsewhere; a worker that starts it after that runs the slot
+        twice, long after its instant. Two ways to get there: a process stopped (SIGSTOP) or
+        starved through the instant wakes up and fires; a node cut off from the leader applies,
+        once healed, a claim committed just before the cut, whose instant passed meanwhile (seen
+        in the fault suite: an isolated follower fired a slot 11 s late, after the leader had
+        retried it). From the claim too: a catch-up claim stands for an old slot and is on time
+        when it fires at once.
+        """
+        if late <= min(self.lease / 2, LATE_LIMIT):
+            return False
+        self.declined += 1
+        log.warning("not starting %s attempt %d of slot %s (run %s): %.1fs past its instant and its claim; the "
+                    "leader will count it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(),
+                    run["id"], late)
+        return True
 
     def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
         """Whether this node's clock is near enough the cluster's to start an attempt.

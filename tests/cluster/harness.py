@@ -328,7 +328,8 @@ class Delivery:
 class Sink:
     """Records every request it receives; ``/slow?s=N`` holds the answer N seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host  # an address the agents reach: the fault suite's agents live in other namespaces
         self.deliveries: list[Delivery] = []
         self.failing: set[str] = set()  # paths answered 500 until removed
         self._lock = threading.Lock()
@@ -359,14 +360,14 @@ class Sink:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self.host}:{self.port}{path}"
 
     def of(self, job: str) -> list[Delivery]:
         with self._lock:

@@ -249,7 +249,9 @@ async def test_a_node_skewed_itself_starts_nothing_and_says_so_once(caplog: pyte
         beyond = [r for r in caplog.records if "beyond --max-clock-skew" in r.getMessage()]
         assert len(beyond) == 1, "logged once per transition, not per attempt"
         node.estimate = ClockEstimate(-0.1, 0.01, 0.0)
-        await _claim(service, LOCAL0 + timedelta(seconds=7), key="k9")
+        # Ahead of the leader's clock (about 9.9 s now): claimed at LOCAL0, a slot already 3 s past
+        # would be declined as applied too late (worker._too_late), which is not what this tests.
+        await _claim(service, LOCAL0 + timedelta(seconds=12), key="k9")
         await _run_until(clock, LOCAL0 + timedelta(seconds=20))
         assert len(rec.fired) == 1 and not worker.skewed
         assert len([r for r in caplog.records if "back within --max-clock-skew" in r.getMessage()]) == 1
