@@ -28,6 +28,13 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         super().__init__(self_addr, peers, conf, transportClass=GuardedTransport)
         self._rc_take_send(self._SyncObj__transport)
 
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
+        # Pre-vote goes first: pysyncobj's election check is at the top of its tick.
+        prevote = self._rc_owner._prevote
+        if prevote is not None:
+            prevote.before_tick()
+        super()._onTick(timeToWait)
+
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         owner = self._rc_owner
         # Only once RaftNode._on_tick runs (it creates the pacer), since it does the sync.

@@ -54,9 +54,10 @@ from .host import _Host
 from .journal import _DurableJournal, journal_factory
 from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
+from .prevote import PreVote
 from .pysyncobj_names import check_pysyncobj
 from .snapshot import SnapshotWriter, read_snapshot
-from .transport import send_keepalives
+from .transport import KEEPALIVE, send_keepalives
 
 __all__ = ["FAIL_REASON", "ClockEstimate", "MemberStatus", "MissingSecret", "NodeConfig", "NodeStatus", "RaftNode",
            "RoleChange"]
@@ -92,6 +93,9 @@ class NodeConfig:
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
+    # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
+    # it, as a node of an earlier release (it still answers peers that ask).
+    prevote: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,7 @@ class RaftNode:
         self._last_keepalive = 0.0
         self._last_tick = time.monotonic()
         self._pacer: _Pacer | None = None
+        self._prevote: PreVote | None = None  # made with the pacer; see raftlog.prevote
         self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
@@ -379,7 +384,7 @@ class RaftNode:
         if host is None:
             return
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
-            self._pacer = _Pacer(host, self._journal, self._clock)
+            self._pacer = self._make_pacer(host)
         self._pacer.on_tick()
         self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
@@ -417,6 +422,15 @@ class RaftNode:
         with self._status_lock:
             self._cached = status
 
+    def _make_pacer(self, host: _Host) -> _Pacer:
+        c = self.config
+        prevote = PreVote(host, election_min=c.election_min, election_max=c.election_max,
+                          heard_leader=lambda: pacer.heard_leader, send=host._SyncObj__transport.send)
+        pacer = _Pacer(host, self._journal, self._clock, prevote)
+        # Answering costs nothing to a peer that never asks; asking waits for this.
+        self._prevote = prevote if c.prevote else None
+        return pacer
+
     def _note_role(self, state: str, leader: str | None, term: int) -> None:
         if state == self._last_state and leader == self._last_leader and term == self._last_term:
             return
@@ -451,7 +465,8 @@ class RaftNode:
         if now - self._last_keepalive < self.config.keepalive:
             return
         self._last_keepalive = now
-        send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock)
+        keepalive = KEEPALIVE if self.config.prevote else {k: v for k, v in KEEPALIVE.items() if k != "prevote"}
+        send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock, keepalive)
 
     def _tell_role(self, change: RoleChange) -> None:
         hook = self._on_role
