@@ -94,7 +94,7 @@ class NodeConfig:
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
     # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
-    # it, as a node of an earlier release (it still answers peers that ask).
+    # it, as a node of an earlier release would (it still answers a peer that asks).
     prevote: bool = True
 
 
@@ -107,6 +107,7 @@ class MemberStatus:
     # (seconds); None while unknown (no leader, or no round trip measured yet).
     clock_offset: float | None = None
     clock_error: float | None = None
+    prevote: bool = False  # it announced that it answers pre-vote (see raftlog.prevote)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class NodeStatus:
     seconds_without_leader: float = 0.0
     clock_offset: float | None = None  # this node's wall clock minus the leader's, as in MemberStatus
     clock_error: float | None = None
+    prevote: bool = False  # this node asks before an election (NodeConfig.prevote)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +141,15 @@ RoleHook = Callable[[RoleChange], None]
 _STATES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
-def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None) -> MemberStatus:
+def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None,
+            prevote: set[str]) -> MemberStatus:
     return MemberStatus(
         raft_addr=str(node.id),
         connected=host.isNodeConnected(node),
         match_index=st.get("match_idx_server_" + node.id),
         clock_offset=None if clock is None else clock.offset,
         clock_error=None if clock is None else clock.error,
+        prevote=node.id in prevote,
     )
 
 
@@ -402,7 +406,8 @@ class RaftNode:
             self._leaderless_since = None
         self._note_role(state, leader, st["raft_term"])
         clocks = self._clocks_to_leader(leader, [str(node.id) for node in host.otherNodes])
-        partners = [_member(host, node, st, clocks.get(str(node.id))) for node in host.otherNodes]
+        prevote = self._prevote.peers if self._prevote is not None else set()
+        partners = [_member(host, node, st, clocks.get(str(node.id)), prevote) for node in host.otherNodes]
         own = clocks.get(self.config.raft_addr)
         status = NodeStatus(
             raft_addr=self.config.raft_addr,
@@ -418,17 +423,17 @@ class RaftNode:
             seconds_without_leader=0.0 if self._leaderless_since is None else now - self._leaderless_since,
             clock_offset=None if own is None else own.offset,
             clock_error=None if own is None else own.error,
+            prevote=self.config.prevote,
         )
         with self._status_lock:
             self._cached = status
 
     def _make_pacer(self, host: _Host) -> _Pacer:
         c = self.config
-        prevote = PreVote(host, election_min=c.election_min, election_max=c.election_max,
-                          heard_leader=lambda: pacer.heard_leader, send=host._SyncObj__transport.send)
-        pacer = _Pacer(host, self._journal, self._clock, prevote)
-        # Answering costs nothing to a peer that never asks; asking waits for this.
-        self._prevote = prevote if c.prevote else None
+        # Off, pre-vote still answers (costs nothing to a peer that never asks) but never asks.
+        self._prevote = PreVote(host, election_min=c.election_min, election_max=c.election_max, asks=c.prevote,
+                                heard_leader=lambda: pacer.heard_leader, send=host._SyncObj__transport.send)
+        pacer = _Pacer(host, self._journal, self._clock, self._prevote)
         return pacer
 
     def _note_role(self, state: str, leader: str | None, term: int) -> None:

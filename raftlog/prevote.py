@@ -45,13 +45,15 @@ class PreVote:
 
     ``host`` is the SyncObj; ``heard_leader`` returns the monotonic time this node last
     took an AppendEntries from its leader (0.0 for never); ``send(node, message)`` puts
-    a message on the raft link to ``node``. Raft thread only.
+    a message on the raft link to ``node``. Raft thread only, except ``peers``, which
+    status readers copy.
     """
 
     def __init__(self, host: Any, *, election_min: float, election_max: float,
-                 heard_leader: Callable[[], float], send: Callable[[Any, Any], Any],
+                 heard_leader: Callable[[], float], send: Callable[[Any, Any], Any], asks: bool = True,
                  monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self._host = host
+        self.asks = asks  # False: answer peers, but elect as pysyncobj does (an older release)
         self._min = election_min
         self._max = election_max
         self._heard_leader = heard_leader
@@ -76,6 +78,8 @@ class PreVote:
         anyone; this runs just before that check and, unless the gate is open, moves the
         deadline past it and asks the peers instead."""
         host = self._host
+        if not self.asks:
+            return
         if host._isLeader():
             self._end_round()
             return
