@@ -254,3 +254,14 @@ def test_the_pacer_routes_prevote_messages_and_notes_who_reads_them() -> None:
     pacer.inbound(Node("b"), request(4))
     assert sent == [{"type": PREVOTE_RESPONSE, "term": 4, "granted": True}]
     assert [m["type"] for m in host.delivered] == ["rc_keepalive", "rc_keepalive"]  # pysyncobj never sees ours
+
+
+def test_a_node_with_prevote_off_never_asks_but_still_answers() -> None:
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    vote.asks = False
+    vote.before_tick()
+    assert c.queue == [] and vote.rounds == 0
+    assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0  # pysyncobj elects as it always did
+    vote.take(Node("b"), request(4))
+    assert c.queue == [("a", "b", {"type": PREVOTE_RESPONSE, "term": 4, "granted": True})]
