@@ -58,9 +58,11 @@ def _cluster(label: str, root: Path) -> tuple[Cluster, Path]:
 
 
 def _rounds(cluster: Cluster, how: str, count: int, seconds: float, label: str) -> list[dict[str, Any]]:
-    follower = lowest_follower(cluster)
     out = []
     for i in range(count):
+        # Each round: an election in the previous one may have made the lowest node leader
+        # (then it is restarted once, outside the measured round).
+        follower = lowest_follower(cluster)
         r: Round = take_away(cluster, follower, how, seconds)
         out.append({"how": how, "leader_before": r.leader_before, "leader_after": r.leader_after,
                     "term_before": r.term_before, "term_after": r.term_after, "elections": r.elections,
@@ -133,11 +135,18 @@ def main() -> None:
         p.error(f"the cut rounds cannot run: {missing} (use --cuts 0)")
     sides = [("prevote", ROOT)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
     doc: dict[str, Any] = {"machine": machine(), "args": {k: str(v) for k, v in vars(a).items()}}
+    def side(label: str, root: Path) -> dict[str, Any]:
+        try:
+            return run_side(label, root, a)
+        except Exception as exc:  # noqa: BLE001 - the other side's figures are still worth printing
+            print(f"[{label}] failed: {exc!r}", flush=True)
+            return {"label": label, "root": str(root), "error": repr(exc), "cuts": [], "pauses": [], "kills": []}
+
     if a.parallel and len(sides) > 1:
         with ThreadPoolExecutor(len(sides)) as pool:
-            results = list(pool.map(lambda s: run_side(s[0], s[1], a), sides))
+            results = list(pool.map(lambda s: side(*s), sides))
     else:
-        results = [run_side(label, root, a) for label, root in sides]
+        results = [side(label, root) for label, root in sides]
     doc["sides"] = results
     print()
     print(table(["side", "cuts calm", "cut elections", "pauses calm", "pause elections", "failovers",
