@@ -29,11 +29,12 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         self._rc_take_send(self._SyncObj__transport)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
-        # Pre-vote goes first: pysyncobj's election check is at the top of its tick.
+        # Behind pre-vote's gate: pysyncobj's election check is at the top of its tick.
         prevote = self._rc_owner._prevote
-        if prevote is not None:
-            prevote.before_tick()
-        super()._onTick(timeToWait)
+        if prevote is None:
+            super()._onTick(timeToWait)
+        else:
+            prevote.around_tick(lambda: super(_Host, self)._onTick(timeToWait))
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         owner = self._rc_owner

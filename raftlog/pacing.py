@@ -123,7 +123,9 @@ class _Pacer:
                 _note(self._clock.peers, node, bool(message.get("clock")))
             if self._prevote is not None:
                 _note(self._prevote.peers, node, bool(message.get("prevote")))
-        elif kind == "append_entries" and message.get("entries"):
+        elif kind == "append_entries" and self._prevote is not None and isinstance(message.get("term"), int):
+            self._prevote.note_append_entries(message["term"])
+        if kind == "append_entries" and message.get("entries"):
             message = self._trim(message)
             # One sync for the whole batch, not one per entry: _Host syncs before the answer
             # that acknowledges them goes out, and again here in any case.

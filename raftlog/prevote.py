@@ -21,14 +21,21 @@ counted as a yes: an older release would vote in the real election anyway, and
 counting it as a no could leave a cluster mid-upgrade unable to elect. A node with
 no peer that reads pre-vote therefore elects as pysyncobj always did.
 
-``PreVote.before_tick`` runs on the raft thread at the top of every tick, before
-pysyncobj's own election check (``host._Host._onTick``); ``take`` gets the
-messages (``pacing._Pacer.inbound``). Every pysyncobj private name used here is
+One way out: a node whose term got ahead of a live leader's (it elected before it
+heard its peers announce pre-vote, say) ignores that leader's AppendEntries and
+would be refused pre-vote for as long as the leader lives. Such a node elects
+without asking (``note_append_entries``), as Raft without pre-vote would: one
+election, and the cluster is whole again.
+
+``PreVote.around_tick`` wraps every pysyncobj tick on the raft thread
+(``host._Host._onTick``); ``take`` and ``note_append_entries`` get the messages
+(``pacing._Pacer.inbound``). Every pysyncobj private name used here is
 listed in ``pysyncobj_names``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -64,6 +71,7 @@ class PreVote:
         self._proposed = 0  # the term the round in progress asks for; 0: no round
         self._granted: set[str] = set()
         self._cleared = False  # a majority said yes: the expired deadline starts pysyncobj's election
+        self._stale_leader = 0.0  # monotonic time an AppendEntries came at a term below ours
         # Counters, for status and tests: rounds asked, rounds a majority granted, elections let through.
         self.rounds = 0
         self.won = 0
@@ -71,40 +79,73 @@ class PreVote:
 
     # ---- the asking side -------------------------------------------------------
 
-    def before_tick(self) -> None:
-        """Let pysyncobj's election check go ahead only after a pre-vote majority.
+    def around_tick(self, tick: Callable[[], None]) -> None:
+        """Run pysyncobj's ``tick`` behind the gate.
 
-        pysyncobj starts an election when its deadline has passed and it is connected to
-        anyone; this runs just before that check and, unless the gate is open, moves the
-        deadline past it and asks the peers instead."""
+        pysyncobj starts an election when its deadline has passed (and it is connected to
+        anyone), at the top of its tick. Unless the gate is open, that check must not see a
+        passed deadline: ``before_tick`` asks the peers instead, and pysyncobj's check sees
+        no deadline at all (``inf``) for the tick. Merely moving a passed deadline is not
+        enough: one that passed between our reading of the clock and pysyncobj's (a thread
+        preempted there, a SIGSTOP) started an election no one granted; seen once in 20
+        paused rounds. What pysyncobj writes there itself (a leader's message, a vote it
+        granted, a majority's yes) is kept; otherwise the held deadline is put back."""
+        held = self.before_tick()
+        if held is None:
+            tick()
+            return
         host = self._host
-        if not self.asks:
-            return
-        if host._isLeader():
+        host._SyncObj__raftElectionDeadline = math.inf
+        try:
+            tick()
+        finally:
+            if host._SyncObj__raftElectionDeadline == math.inf:
+                host._SyncObj__raftElectionDeadline = held
+
+    def before_tick(self) -> float | None:
+        """The deadline to hold while pysyncobj ticks (see ``around_tick``), or None to let its
+        election check see its own: the gate is open, or it would not elect anyway."""
+        host = self._host
+        if not self.asks or host._isLeader():
             self._end_round()
-            return
+            return None
         now = self._now()
-        if host._SyncObj__raftElectionDeadline >= now:
+        if self._stale_leader and now - self._stale_leader < self._max:
+            # A leader at a lower term is live and this node ignores it: only an election
+            # (its vote request's higher term) brings them back together. Pre-vote would never
+            # allow one while that leader answers the others.
+            self.elections += host._SyncObj__raftElectionDeadline < now
+            return None
+        deadline = float(host._SyncObj__raftElectionDeadline)
+        if deadline >= now:
             # A leader's message (or a vote pysyncobj granted) moved the deadline after the
             # gate opened: that election is no longer called for.
             self._cleared = False
-            return
+            return deadline
         others = list(host.otherNodes)
         if others and not any(host.isNodeConnected(n) for n in others):
-            return  # pysyncobj starts no election while it reaches nobody; nor do we ask
+            return deadline  # pysyncobj starts no election while it reaches nobody; nor do we ask
         if self._cleared:
-            self._cleared = False
             self._end_round()
             self.elections += 1
-            return
+            return None
         asked = [n for n in others if n.id in self.peers and host.isNodeConnected(n)]
         if not asked or self._majority(others, set()):
             self.elections += 1  # no peer reads pre-vote, or those that do not are enough
-            return
-        self._start_round(host, asked, now)
+            return None
+        return self._start_round(host, asked, now)
 
-    def _start_round(self, host: Any, asked: list[Any], now: float) -> None:
-        host._SyncObj__raftElectionDeadline = now + self._min + (self._max - self._min) * self._rng.random()
+    def note_append_entries(self, term: int) -> None:
+        """An AppendEntries arrived (before pysyncobj takes it): one from a leader at a term
+        below this node's own is ignored by pysyncobj, and opens the gate (``before_tick``)."""
+        if term < self._host.raftCurrentTerm:
+            self._stale_leader = self._now()
+        else:
+            self._stale_leader = 0.0
+
+    def _start_round(self, host: Any, asked: list[Any], now: float) -> float:
+        deadline = now + self._min + (self._max - self._min) * self._rng.random()
+        host._SyncObj__raftElectionDeadline = deadline
         self._proposed = host.raftCurrentTerm + 1
         self._granted = set()
         self.rounds += 1
@@ -113,6 +154,7 @@ class PreVote:
                    "last_log_index": last_index, "last_log_term": last_term}
         for node in asked:
             self._send(node, request)
+        return deadline
 
     def _majority(self, others: list[Any], granted: set[str]) -> bool:
         # This node, the peers that cannot be asked (see the module docstring), and the yeses.

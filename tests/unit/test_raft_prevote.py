@@ -4,6 +4,7 @@ pysyncobj's election, the fallback for peers of an older release, and a real lea
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,6 +237,7 @@ def test_the_pacer_routes_prevote_messages_and_notes_who_reads_them() -> None:
             self._poller = type("P", (), {"subscribe": lambda *a: None})()
             self._SyncObj__transport = Transport()
             self._rc_batch_peers: set[str] = set()
+            self._SyncObj__raftLeader: Node | None = None
             self.delivered: list[Any] = []
 
         def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
@@ -253,7 +255,12 @@ def test_the_pacer_routes_prevote_messages_and_notes_who_reads_them() -> None:
     assert vote.peers == set()  # restarted on an older release
     pacer.inbound(Node("b"), request(4))
     assert sent == [{"type": PREVOTE_RESPONSE, "term": 4, "granted": True}]
-    assert [m["type"] for m in host.delivered] == ["rc_keepalive", "rc_keepalive"]  # pysyncobj never sees ours
+    pacer.inbound(Node("b"), {"type": "append_entries", "term": 2, "commit_index": 1})
+    assert vote._stale_leader > 0  # a leader below this node's term 3: noted before pysyncobj ignores it
+    pacer.inbound(Node("b"), {"type": "append_entries", "term": 3, "commit_index": 1})
+    assert vote._stale_leader == 0.0
+    assert [m["type"] for m in host.delivered] == ["rc_keepalive", "rc_keepalive", "append_entries",
+                                                   "append_entries"]  # pysyncobj never sees ours
 
 
 def test_a_node_with_prevote_off_never_asks_but_still_answers() -> None:
@@ -265,3 +272,74 @@ def test_a_node_with_prevote_off_never_asks_but_still_answers() -> None:
     assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0  # pysyncobj elects as it always did
     vote.take(Node("b"), request(4))
     assert c.queue == [("a", "b", {"type": PREVOTE_RESPONSE, "term": 4, "granted": True})]
+
+
+def pysyncobj_check(c: Cluster, name: str, late: float) -> Callable[[], None]:
+    """pysyncobj's election check, ``late`` seconds after pre-vote read the clock: it elects
+    (its term goes up) when it sees a passed deadline."""
+    host = c.hosts[name]
+
+    def tick() -> None:
+        c.clock.t += late
+        if host._SyncObj__raftElectionDeadline < c.clock.t:
+            host.raftCurrentTerm += 1
+
+    return tick
+
+
+def test_a_deadline_that_passes_while_pysyncobj_is_about_to_check_starts_no_election() -> None:
+    c = Cluster(["a", "b", "c"])
+    host = c.hosts["a"]
+    host._SyncObj__raftElectionDeadline = c.clock.t + 0.001
+    c.votes["a"].around_tick(pysyncobj_check(c, "a", late=10.0))  # a SIGSTOP between the two
+    assert host.raftCurrentTerm == 3
+    assert host._SyncObj__raftElectionDeadline == 1000.001  # held, and given back
+    c.votes["a"].around_tick(pysyncobj_check(c, "a", late=0.0))  # now pre-vote sees it passed: asks
+    assert host.raftCurrentTerm == 3 and c.votes["a"].rounds == 1
+
+
+def test_what_pysyncobj_writes_during_its_tick_is_kept() -> None:
+    c = Cluster(["a", "b", "c"])
+    host = c.hosts["a"]
+    host._SyncObj__raftElectionDeadline = c.clock.t + 0.3
+
+    def leader_message() -> None:
+        host._SyncObj__raftElectionDeadline = c.clock.t + 0.9
+
+    c.votes["a"].around_tick(leader_message)
+    assert host._SyncObj__raftElectionDeadline == c.clock.t + 0.9
+
+
+def test_the_gate_opens_for_pysyncobj_once_a_majority_granted() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.down.add("c")
+    c.clock.t += MIN + 0.1
+    vote = c.votes["a"]
+    vote.around_tick(pysyncobj_check(c, "a", late=0.0))
+    c.pump()
+    vote.around_tick(pysyncobj_check(c, "a", late=0.0))
+    assert c.hosts["a"].raftCurrentTerm == 4 and vote.elections == 1
+
+
+def test_a_node_ahead_of_a_live_leader_elects_without_asking() -> None:
+    """Its term above the leader's, it ignores that leader and would be refused pre-vote for
+    as long as the leader lives: the stuck node of a bench run (term 3 against a leader at 2)."""
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    c.clock.t += 5.0
+    vote.note_append_entries(2)  # the leader's heartbeat, a term below a's 3
+    vote.around_tick(pysyncobj_check(c, "a", late=0.0))
+    assert c.queue == [] and c.hosts["a"].raftCurrentTerm == 4 and vote.elections == 1
+    vote.note_append_entries(4)  # a leader at its own term again: the gate is back
+    c.clock.t += 5.0
+    vote.around_tick(pysyncobj_check(c, "a", late=0.0))
+    assert c.hosts["a"].raftCurrentTerm == 4 and vote.rounds == 1
+
+
+def test_a_lower_term_leader_heard_long_ago_no_longer_opens_the_gate() -> None:
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    vote.note_append_entries(2)
+    c.clock.t += MAX + 0.1
+    vote.around_tick(pysyncobj_check(c, "a", late=0.0))
+    assert c.hosts["a"].raftCurrentTerm == 3 and vote.rounds == 1
