@@ -107,7 +107,9 @@ _MEMBER = {"type": "object", "properties": {
     "clock_offset_ms": {"type": "number", "nullable": True,
                         "description": "this member's wall clock minus the leader's, in ms; null while unknown"},
     "clock_error_ms": {"type": "number", "nullable": True,
-                       "description": "bound on the error of clock_offset_ms, in ms; null while unknown"}},
+                       "description": "bound on the error of clock_offset_ms, in ms; null while unknown"},
+    "prevote": {"type": "boolean", "description": "whether this member answers pre-vote, as the answering node "
+                "last heard in its keepalive (a member on an earlier release does not)"}},
     "required": ["raft_addr", "role", "reachable"]}
 
 

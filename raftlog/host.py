@@ -38,7 +38,12 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
             self._rc_owner._journal_failed(journal.failed)
             time.sleep(max(timeToWait, 0.05))
             return
-        super()._onTick(timeToWait)
+        # Behind pre-vote's gate: pysyncobj's election check is at the top of its tick.
+        prevote = self._rc_owner._prevote
+        if prevote is None:
+            super()._onTick(timeToWait)
+        else:
+            prevote.around_tick(lambda: super(_Host, self)._onTick(timeToWait))
 
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         owner = self._rc_owner

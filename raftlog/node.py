@@ -55,11 +55,12 @@ from .host import _Host
 from .journal import _DurableJournal, align_to_snapshot, journal_factory
 from .listener import raise_fd_limit
 from .pacing import _contact_at, _Pacer
+from .prevote import PreVote
 from .pysyncobj_names import check_pysyncobj
 from .recovery import remove_partial_files
 from .snapshot import SnapshotWriter, check_snapshot, read_snapshot
 from .space import MIN_FREE, Space
-from .transport import send_keepalives
+from .transport import KEEPALIVE, send_keepalives
 
 __all__ = ["FAIL_REASON", "ClockEstimate", "MemberStatus", "MissingSecret", "NodeConfig", "NodeStatus", "RaftNode",
            "RoleChange"]
@@ -96,6 +97,9 @@ class NodeConfig:
     compaction_seconds: float = 300.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
     min_free: int = MIN_FREE  # a leader with less free space in data_dir hands leadership over
+    # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
+    # it, as a node of an earlier release would (it still answers a peer that asks).
+    prevote: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,7 @@ class MemberStatus:
     # (seconds); None while unknown (no leader, or no round trip measured yet).
     clock_offset: float | None = None
     clock_error: float | None = None
+    prevote: bool = False  # it announced that it answers pre-vote (see raftlog.prevote)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,7 @@ class NodeStatus:
     seconds_without_leader: float = 0.0
     clock_offset: float | None = None  # this node's wall clock minus the leader's, as in MemberStatus
     clock_error: float | None = None
+    prevote: bool = False  # this node asks before an election (NodeConfig.prevote)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +145,15 @@ RoleHook = Callable[[RoleChange], None]
 _STATES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
-def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None) -> MemberStatus:
+def _member(host: _Host, node: Any, st: dict[str, Any], clock: ClockEstimate | None,
+            prevote: set[str]) -> MemberStatus:
     return MemberStatus(
         raft_addr=str(node.id),
         connected=host.isNodeConnected(node),
         match_index=st.get("match_idx_server_" + node.id),
         clock_offset=None if clock is None else clock.offset,
         clock_error=None if clock is None else clock.error,
+        prevote=node.id in prevote,
     )
 
 
@@ -195,6 +203,7 @@ class RaftNode:
         self._last_keepalive = 0.0
         self._last_tick = time.monotonic()
         self._pacer: _Pacer | None = None
+        self._prevote: PreVote | None = None  # made with the pacer; see raftlog.prevote
         self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
@@ -403,7 +412,7 @@ class RaftNode:
         if host is None:
             return
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
-            self._pacer = _Pacer(host, self._journal, self._clock)
+            self._pacer = self._make_pacer(host)
         self._pacer.on_tick()
         self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
@@ -421,7 +430,8 @@ class RaftNode:
         else:
             self._leaderless_since = None
         clocks = self._clocks_to_leader(leader, [str(node.id) for node in host.otherNodes])
-        partners = [_member(host, node, st, clocks.get(str(node.id))) for node in host.otherNodes]
+        prevote = self._prevote.peers if self._prevote is not None else set()
+        partners = [_member(host, node, st, clocks.get(str(node.id)), prevote) for node in host.otherNodes]
         own = clocks.get(self.config.raft_addr)
         status = NodeStatus(
             raft_addr=self.config.raft_addr,
@@ -437,12 +447,21 @@ class RaftNode:
             seconds_without_leader=0.0 if self._leaderless_since is None else now - self._leaderless_since,
             clock_offset=None if own is None else own.offset,
             clock_error=None if own is None else own.error,
+            prevote=self.config.prevote,
         )
         with self._status_lock:
             self._cached = status
         # Told after the status is stored: a consumer of the event reads status() at once (the
         # leader loop compares its term), and a status of the tick before would deny the news.
         self._note_role(state, leader, st["raft_term"])
+
+    def _make_pacer(self, host: _Host) -> _Pacer:
+        c = self.config
+        # Off, pre-vote still answers (costs nothing to a peer that never asks) but never asks.
+        self._prevote = PreVote(host, election_min=c.election_min, election_max=c.election_max, asks=c.prevote,
+                                heard_leader=lambda: pacer.heard_leader, send=host._SyncObj__transport.send)
+        pacer = _Pacer(host, self._journal, self._clock, self._prevote)
+        return pacer
 
     def _note_role(self, state: str, leader: str | None, term: int) -> None:
         if state == self._last_state and leader == self._last_leader and term == self._last_term:
@@ -509,7 +528,8 @@ class RaftNode:
         if now - self._last_keepalive < self.config.keepalive:
             return
         self._last_keepalive = now
-        send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock)
+        keepalive = KEEPALIVE if self.config.prevote else {k: v for k, v in KEEPALIVE.items() if k != "prevote"}
+        send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock, keepalive)
 
     def _tell_role(self, change: RoleChange) -> None:
         hook = self._on_role

@@ -3,7 +3,7 @@
 ``_Pacer`` sits between pysyncobj's transport and its message handler (every
 inbound message passes through ``inbound``) and runs once per raft tick
 (``on_tick``). It also unpacks our own message types (``rc_batch``,
-``rc_keepalive``, the clock exchange) before pysyncobj sees them. Every pysyncobj
+``rc_keepalive``, the clock exchange, pre-vote) before pysyncobj sees them. Every pysyncobj
 private name used here is listed in ``pysyncobj_names``.
 """
 
@@ -17,6 +17,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from .clock import CLOCK_REQUEST, CLOCK_RESPONSE, ClockSync
 from .journal import _DurableJournal
+from .prevote import PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVote
 from .transport import BATCH, KEEPALIVE
 
 __all__ = ["_Pacer", "_contact_at"]
@@ -44,10 +45,12 @@ class _Pacer:
       it had already acknowledged (and applied) included.
     """
 
-    def __init__(self, host: SyncObj, journal: _DurableJournal | None = None, clock: ClockSync | None = None) -> None:
+    def __init__(self, host: SyncObj, journal: _DurableJournal | None = None, clock: ClockSync | None = None,
+                 prevote: PreVote | None = None) -> None:
         self._host = host
         self._journal = journal
         self._clock = clock  # takes the clock exchange's messages (see raftlog.clock)
+        self._prevote = prevote  # takes pre-vote's messages (see raftlog.prevote)
         self._notifier = PipeNotifier(host._poller, callback=self._woken)
         self._wake_pending = False
         self.heard_leader = 0.0  # monotonic time of the last AppendEntries taken from the leader
@@ -107,6 +110,10 @@ class _Pacer:
         if kind in (CLOCK_REQUEST, CLOCK_RESPONSE):  # ours alone: pysyncobj never sees them
             self._clock_message(node, message)
             return
+        if kind in (PREVOTE_REQUEST, PREVOTE_RESPONSE):  # ours alone, like the clock's
+            if self._prevote is not None:
+                self._prevote.take(node, message)
+            return
         journal = None
         if kind == KEEPALIVE["type"]:
             # Read on every keepalive, not only added: a peer restarted on an older release
@@ -114,7 +121,11 @@ class _Pacer:
             _note(self._host._rc_batch_peers, node, bool(message.get("batch")))
             if self._clock is not None:
                 _note(self._clock.peers, node, bool(message.get("clock")))
-        elif kind == "append_entries" and message.get("entries"):
+            if self._prevote is not None:
+                _note(self._prevote.peers, node, bool(message.get("prevote")))
+        elif kind == "append_entries" and self._prevote is not None and isinstance(message.get("term"), int):
+            self._prevote.note_append_entries(message["term"])
+        if kind == "append_entries" and message.get("entries"):
             message = self._trim(message)
             # One sync for the whole batch, not one per entry: _Host syncs before the answer
             # that acknowledges them goes out, and again here in any case.

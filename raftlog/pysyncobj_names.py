@@ -1,8 +1,8 @@
 """Every private pysyncobj name raftlog relies on, in one table, and the start-up check.
 
 pysyncobj has no public hooks for what raftlog needs (a durable journal, eager
-AppendEntries, batched forwarding, the follower-side trim, a guarded raft port), so
-``journal``, ``pacing``, ``host``, ``transport``, ``listener``, ``connection`` and
+AppendEntries, batched forwarding, the follower-side trim, a guarded raft port, pre-vote), so
+``journal``, ``pacing``, ``prevote``, ``host``, ``transport``, ``listener``, ``connection`` and
 ``node`` read its name-mangled attributes, override and call its private methods and
 swap its module globals. A release that
 renamed one would not fail at import: an override would silently never be called,
@@ -48,13 +48,13 @@ class PrivateName:
 _SYNCOBJ = "SyncObj"
 _TRANSPORT = "TCPTransport"
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
-    # pacing._Pacer, node.RaftNode, pacing._contact_at: read and written on the raft thread
+    # pacing._Pacer, prevote.PreVote, node.RaftNode, pacing._contact_at: read and written on the raft thread
     PrivateName(_SYNCOBJ, "_SyncObj__transport", "attribute", "wrap its send and its receive callback"),
-    PrivateName(_SYNCOBJ, "_SyncObj__raftLog", "attribute", "trim re-sent entries; the replay boundary"),
+    PrivateName(_SYNCOBJ, "_SyncObj__raftLog", "attribute", "trim re-sent entries; the replay boundary; pre-vote's log check"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftCommitIndex", "attribute", "eager sends of a commit index"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftNextIndex", "attribute", "eager sends to idle followers"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftMatchIndex", "attribute", "eager sends to idle followers"),
-    PrivateName(_SYNCOBJ, "_SyncObj__raftElectionDeadline", "attribute", "excuse a follower's own stall"),
+    PrivateName(_SYNCOBJ, "_SyncObj__raftElectionDeadline", "attribute", "excuse a follower's own stall; pre-vote's gate"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftLeader", "attribute", "contact with the leader"),
     PrivateName(_SYNCOBJ, "_SyncObj__lastResponseTime", "attribute", "a leader's contact with its quorum"),
     PrivateName(_SYNCOBJ, "_poller", "attribute", "the wake-up pipe subscribes to it"),
@@ -64,6 +64,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_SYNCOBJ, "_SyncObj__sendNextNodeIdx", "method", "overridden: sync before a follower answers"),
     PrivateName(_SYNCOBJ, "_onTick", "method", "overridden: a node whose journal failed to sync stops"),
     PrivateName(_SYNCOBJ, "_checkCommandsToApply", "method", "overridden: deferred sync, batched forwarding"),
+    PrivateName(_SYNCOBJ, "_onTick", "method", "overridden: pre-vote before its election check"),
     PrivateName(_SYNCOBJ, "_isLeader", "method", "role on the raft thread"),
     PrivateName(_SYNCOBJ, "_getLeader", "method", "RaftNode.leader"),
     PrivateName(_SYNCOBJ, "raftLastApplied", "property", "the index of the entry being applied"),

@@ -22,8 +22,9 @@ log = logging.getLogger("raftcron.raft")
 
 BATCH = "rc_batch"
 # What this release reads besides pysyncobj's own types: ``batch`` (``rc_batch``),
-# ``clock`` (``rc_clock_req`` / ``rc_clock_resp``, see raftlog.clock).
-KEEPALIVE: dict[str, Any] = {"type": "rc_keepalive", "batch": 1, "clock": 1}
+# ``clock`` (``rc_clock_req`` / ``rc_clock_resp``, see raftlog.clock), ``prevote``
+# (``rc_prevote_req`` / ``rc_prevote_resp``, see raftlog.prevote).
+KEEPALIVE: dict[str, Any] = {"type": "rc_keepalive", "batch": 1, "clock": 1, "prevote": 1}
 
 
 class _BatchingSends:
@@ -59,7 +60,8 @@ class _BatchingSends:
             self._rc_transport_send(node, one)
 
 
-def send_keepalives(transport: Any, nodes: Iterable[Any], clock: ClockSync | None) -> None:
+def send_keepalives(transport: Any, nodes: Iterable[Any], clock: ClockSync | None,
+                    keepalive: dict[str, Any] = KEEPALIVE) -> None:
     """Keep every link read from, follower-to-follower ones included, and time each peer's clock.
 
     pysyncobj closes a connection when it *sends* on it and has read nothing
@@ -68,11 +70,12 @@ def send_keepalives(transport: Any, nodes: Iterable[Any], clock: ClockSync | Non
     link instead of reaching its peer, and every failover cost a second
     election round. A small message pysyncobj ignores (no handler matches
     its type) keeps the links alive, and says what this node reads. A peer that
-    said it reads the clock exchange is sent a request right after it.
+    said it reads the clock exchange is sent a request right after it. ``keepalive`` is
+    the message (a node with pre-vote off leaves ``prevote`` out of it).
     """
     for node in nodes:
         try:
-            transport.send(node, KEEPALIVE)
+            transport.send(node, keepalive)
             if clock is not None and node.id in clock.peers:
                 transport.send(node, clock.request(node.id))
         except Exception:  # noqa: BLE001 - best effort; the next round tries again

@@ -58,6 +58,8 @@ def cluster_view(ctx: ApiContext) -> dict[str, Any]:
             "tags": reg.get("tags", {}), "allow_shell": reg.get("allow_shell", False),
             "in_configuration": me or p is not None,
             "clock_offset_ms": _ms(offset), "clock_error_ms": _ms(error),
+            # Whether this member answers pre-vote, as the node answering here heard it.
+            "prevote": st.prevote if me else bool(p and p.prevote),
         })
     return {
         "node_id": ctx.node_id, "leader": _node_of(ctx, st.leader), "term": st.term, "state": st.state,
