@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock
-from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, Rejected
+from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, Noop, PauseJob, PutJob, PutJobs, Rejected
 from .errors import RaftcronError
 from .instants import format_instant, from_us
 from .model import Concurrency, Job
@@ -77,6 +77,8 @@ class LeaderLoop:
         cmd = applied.command
         if isinstance(cmd, PutJob):
             self._dirty.add(str(applied.result.get("name")))
+        elif isinstance(cmd, PutJobs):
+            self._dirty.update(str(item["name"]) for item in applied.result["items"])
         elif isinstance(cmd, (PauseJob, DeleteJob)):
             self._dirty.add(cmd.name)
         else:

@@ -28,6 +28,7 @@ from .commands import (
     DeleteJob,
     PauseJob,
     PutJob,
+    PutJobs,
     Rejected,
     encode_command,
 )
@@ -78,12 +79,12 @@ class Service:
     # ---- proposing -------------------------------------------------------------
 
     async def propose(self, cmd: Command, *, attempts: int = 3, timeout: float | None = None,
-                      parsed: Job | None = None) -> tuple[Any, bool]:
+                      parsed: Job | tuple[Job, ...] | None = None) -> tuple[Any, bool]:
         """Commit ``cmd``; returns (result, retried_after_unknown_outcome). ``parsed``: the job
-        a ``PutJob`` carries, already parsed here (State.offer)."""
+        a ``PutJob`` carries (the jobs of a ``PutJobs``), already parsed here (State.offer)."""
         raw = encode_command(cmd)
         if parsed is not None:
-            assert isinstance(cmd, PutJob)
+            assert isinstance(cmd, (PutJob, PutJobs))
             self.state.offer(raw, cmd, parsed)
         try:
             return await self._propose(raw, attempts, timeout)
@@ -151,6 +152,32 @@ class Service:
             rec = self.state.jobs.get(job.name)
             if retried and result.code == "conflict" and rec is not None and rec["spec"] == cmd.spec:
                 return {"change": "created", "name": job.name, "version": rec["version"]}
+            self._raise(result)
+        return dict(result)
+
+    async def put_jobs(self, jobs: tuple[Job, ...], *, create_only: bool = False) -> dict[str, Any]:
+        """Create or replace every job of a batch in one entry, or none (``PutJobs``)."""
+        problems = [
+            {"field": f"jobs[{i}].http.expect_body", "message": problem, "job": job.name}
+            for i, job in enumerate(jobs)
+            if job.http is not None and job.http.expect_body is not None
+            and (problem := check_body_pattern(job.http.expect_body))
+        ]
+        if problems:
+            raise ValidationFailed(problems)
+        cmd = PutJobs(at_us=self.now_us(), specs=tuple(job.to_doc() for job in jobs), create_only=create_only)
+        result, retried = await self.propose(cmd, parsed=jobs)
+        if isinstance(result, Rejected):
+            stored = [self.state.jobs.get(job.name) for job in jobs]
+            if retried and result.code == "conflict" and all(
+                    rec is not None and rec["spec"] == spec for rec, spec in zip(stored, cmd.specs, strict=True)):
+                # Our own first attempt committed before the answer was lost.
+                return {"items": [{"change": "created", "name": job.name, "version": rec["version"]}
+                                  for job, rec in zip(jobs, stored, strict=True) if rec is not None], "cancelled": []}
+            if result.code == "conflict":
+                taken = [{"field": f"jobs[{i}].name", "message": f"a job named {job.name!r} exists already",
+                          "job": job.name} for i, job in enumerate(jobs) if job.name in self.state.jobs]
+                raise Conflict(result.message, taken)
             self._raise(result)
         return dict(result)
 
