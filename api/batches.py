@@ -1,0 +1,85 @@
+"""``raftcron apply -f``: documents sent in batches (``POST /v1/jobs:batch``, mode apply).
+
+Each batch is stored whole or not at all. A batch the cluster refuses is reported document by
+document, named by the file it came from (``jobs.yaml#3: job/x: http.url: ...``); the
+batches after it are still sent. Documents without a name, or naming a job an earlier
+document names already, are reported here and not sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .client import Client, ClientError, NoClusterError
+from .manifest import Document
+
+__all__ = ["DEFAULT_BATCH_SIZE", "MAX_BATCH_SIZE", "BatchOutcome", "apply_in_batches", "split", "refusal_lines"]
+
+DEFAULT_BATCH_SIZE = 1000
+MAX_BATCH_SIZE = 5000  # the server's cap (api/routes/batch.py)
+
+_INDEX = re.compile(r"^jobs\[(\d+)\](?:\.(.*))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    number: int  # from 1
+    documents: tuple[Document, ...]
+    answer: dict[str, Any] | None  # the server's answer, None when refused
+    error: ClientError | None
+
+
+def split(documents: Sequence[Document], size: int) -> tuple[list[tuple[Document, ...]], list[str]]:
+    """Batches of at most ``size`` documents, and the problems of the documents left out."""
+    problems: list[str] = []
+    kept: list[Document] = []
+    first: dict[str, Document] = {}
+    for doc in documents:
+        name = doc.name
+        if name is None:
+            problems.append(f"{doc.source}: name is required")
+        elif name in first:
+            problems.append(f"{doc.source}: job/{name}: named by {first[name].source} already; not applied")
+        else:
+            first[name] = doc
+            kept.append(doc)
+    return [tuple(kept[i:i + size]) for i in range(0, len(kept), size)], problems
+
+
+def refusal_lines(error: ClientError, batch: Sequence[Document]) -> list[str]:
+    """A refused batch as lines naming the file, the job and the field of each problem."""
+    lines = []
+    for detail in error.details:
+        if not isinstance(detail, dict):
+            continue
+        m = _INDEX.match(str(detail.get("field") or ""))
+        if m is None or int(m.group(1)) >= len(batch):
+            lines.append(f"{detail.get('field') or 'batch'}: {detail.get('message')}")
+            continue
+        doc = batch[int(m.group(1))]
+        where = f"{doc.source}: job/{doc.name}: " if doc.name else f"{doc.source}: "
+        lines.append(f"{where}{m.group(2) + ': ' if m.group(2) else ''}{detail.get('message')}")
+    return lines or [error.message]
+
+
+async def apply_in_batches(client: Client, batches: Sequence[tuple[Document, ...]],
+                           on_batch: Callable[[BatchOutcome], Awaitable[None] | None]) -> list[BatchOutcome]:
+    """Send each batch in turn; a refusal that every later batch would meet too (no cluster, no
+    or a read-only token) is raised, any other is reported and the next batch sent."""
+    outcomes = []
+    for number, batch in enumerate(batches, start=1):
+        try:
+            answer = await client.apply_jobs([doc.body for doc in batch])
+            outcome = BatchOutcome(number, batch, answer, None)
+        except ClientError as exc:
+            if isinstance(exc, NoClusterError) or exc.status in (401, 403):
+                raise
+            outcome = BatchOutcome(number, batch, None, exc)
+        outcomes.append(outcome)
+        shown = on_batch(outcome)
+        if shown is not None:
+            await shown
+    return outcomes
