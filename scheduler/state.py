@@ -221,7 +221,8 @@ class State(Store):
                 try:
                     job = parse_job(raw)
                 except ValidationFailed as exc:
-                    return Rejected("invalid", f"jobs[{i}].{exc.message}")
+                    return Rejected("invalid", "; ".join(f"jobs[{i}].{d['field']}: {d['message']}" for d in exc.details)
+                                    or f"jobs[{i}]: {exc.message}")
                 batch.append((job, job.to_doc()))
         seen: dict[str, int] = {}
         for i, (job, _) in enumerate(batch):

@@ -51,8 +51,9 @@ def test_a_bad_document_anywhere_stores_nothing_and_names_it(h: Any) -> None:
     h.put("old")
     before = h.semantic()
     refused = h.rejected(batch(job_doc("a"), job_doc("old", description="edited"),
-                               job_doc("c", http={"url": "ftp://x"})))
-    assert refused.code == "invalid" and refused.message.startswith("jobs[2].http.url")
+                               job_doc("c", http={"url": "ftp://x"}, timeout="soon")))
+    assert refused.code == "invalid" and refused.message.startswith("jobs[2].")
+    assert "jobs[2].http.url: " in refused.message and "jobs[2].timeout: " in refused.message
     assert h.semantic() == before
     assert "a" not in h.state.jobs and h.state.jobs["old"]["version"] == 1
 
