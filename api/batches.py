@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from .client import Client, ClientError, NoClusterError
+from .client import ClientError, NoClusterError
 from .manifest import Document
 
-__all__ = ["DEFAULT_BATCH_SIZE", "MAX_BATCH_SIZE", "BatchOutcome", "apply_in_batches", "split", "refusal_lines"]
+__all__ = ["DEFAULT_BATCH_SIZE", "MAX_BATCH_SIZE", "BatchOutcome", "BatchSender", "apply_in_batches", "split", "refusal_lines"]
 
 DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 5000  # the server's cap (api/routes/batch.py)
@@ -27,6 +27,7 @@ _INDEX = re.compile(r"^jobs\[(\d+)\](?:\.(.*))?$")
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     number: int  # from 1
+    total: int  # batches known when this one was answered (a split adds one)
     documents: tuple[Document, ...]
     answer: dict[str, Any] | None  # the server's answer, None when refused
     error: ClientError | None
@@ -65,21 +66,40 @@ def refusal_lines(error: ClientError, batch: Sequence[Document]) -> list[str]:
     return lines or [error.message]
 
 
-async def apply_in_batches(client: Client, batches: Sequence[tuple[Document, ...]],
+class BatchSender(Protocol):
+    async def apply_jobs(self, documents: Sequence[dict[str, Any]], *, mode: str = "apply") -> dict[str, Any]: ...
+
+
+async def apply_in_batches(client: BatchSender, batches: Sequence[tuple[Document, ...]],
                            on_batch: Callable[[BatchOutcome], Awaitable[None] | None]) -> list[BatchOutcome]:
     """Send each batch in turn; a refusal that every later batch would meet too (no cluster, no
-    or a read-only token) is raised, any other is reported and the next batch sent."""
-    outcomes = []
-    for number, batch in enumerate(batches, start=1):
+    or a read-only token) is raised, any other is reported and the next batch sent. A batch whose
+    documents make too large a replicated entry (413 naming ``jobs``) is sent again as two halves,
+    each reported as a batch of its own."""
+    outcomes: list[BatchOutcome] = []
+    pending = list(batches)
+    number = 0
+    while pending:
+        batch = pending.pop(0)
         try:
             answer = await client.apply_jobs([doc.body for doc in batch])
-            outcome = BatchOutcome(number, batch, answer, None)
+            outcome = BatchOutcome(number + 1, number + 1 + len(pending), batch, answer, None)
         except ClientError as exc:
             if isinstance(exc, NoClusterError) or exc.status in (401, 403):
                 raise
-            outcome = BatchOutcome(number, batch, None, exc)
+            if _entry_too_large(exc) and len(batch) > 1:
+                half = len(batch) // 2
+                pending[:0] = [batch[:half], batch[half:]]
+                continue
+            outcome = BatchOutcome(number + 1, number + 1 + len(pending), batch, None, exc)
+        number += 1
         outcomes.append(outcome)
         shown = on_batch(outcome)
         if shown is not None:
             await shown
     return outcomes
+
+
+def _entry_too_large(error: ClientError) -> bool:
+    return error.status == 413 and any(isinstance(d, dict) and d.get("field") == "jobs" and "split" in str(d.get("message"))
+                                       for d in error.details)

@@ -345,19 +345,17 @@ async def cmd_apply(ctx: Context, args: argparse.Namespace) -> int:
     batches, problems = split(documents, args.batch_size)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
-    count = len(batches)
-
     def show(outcome: BatchOutcome) -> None:
         size = len(outcome.documents)
         if outcome.error is not None:
-            print(f"batch {outcome.number}/{count}: {size} documents refused, none applied: "
+            print(f"batch {outcome.number}/{outcome.total}: {size} documents refused, none applied: "
                   f"{outcome.error.message}", file=sys.stderr)
             for line in refusal_lines(outcome.error, outcome.documents):
                 print(f"error: {line}", file=sys.stderr)
             return
         answer = outcome.answer or {}
         changes = answer.get("changes", {})
-        print(f"batch {outcome.number}/{count}: {size} documents: " + ", ".join(
+        print(f"batch {outcome.number}/{outcome.total}: {size} documents: " + ", ".join(
             f"{changes.get(k, 0)} {k}" for k in ("created", "configured", "unchanged")), file=sys.stderr)
         if ctx.fmt not in ("json", "yaml"):
             for item in answer.get("items", []):

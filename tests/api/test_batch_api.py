@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from api.routes.batch import MAX_BATCH_BYTES, MAX_BATCH_JOBS
 from scheduler.errors import Conflict
+from scheduler.service import ENTRY_LIMIT
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -159,3 +161,17 @@ async def test_a_masked_document_applied_back_keeps_the_stored_secret(api: Clust
     assert answer["items"][0]["change"] == "configured"
     assert api.state.jobs[name]["spec"]["http"]["url"] == SECRET_URL
     assert "hunter2" not in str(answer)
+
+
+async def test_documents_making_too_large_an_entry_are_a_413_and_nothing_is_stored(api: Cluster) -> None:
+    # 80 documents of 2,000 random hex characters: ~80 KB once compressed (hex halves), over the
+    # 63 KiB entry cap that keeps pysyncobj from chunking the entry.
+    names = [api.name("noise") for _ in range(80)]
+    docs = [api.doc(n, description=secrets.token_hex(1000)) for n in names]
+    resp = await api.client.post(PATH, data=io.BytesIO(json.dumps({"mode": "apply", "jobs": docs}).encode()),
+                                 headers={"Content-Type": "application/json"})
+    err = await api.error(resp, 413, "jobs", code="payload_too_large")
+    assert str(ENTRY_LIMIT) in err["message"] and "fewer documents" in err["message"]
+    assert not any(n in api.state.jobs for n in names)
+    half = await post(api, {"mode": "apply", "jobs": docs[:40]}, 200)
+    assert half["changes"]["created"] == 40

@@ -3,7 +3,10 @@ left out with a reason, a refusal mapped back to the file and field of each docu
 
 from __future__ import annotations
 
-from api.batches import refusal_lines, split
+from collections.abc import Sequence
+from typing import Any
+
+from api.batches import apply_in_batches, refusal_lines, split
 from api.client import ClientError
 from api.manifest import Document
 
@@ -34,3 +37,33 @@ def test_a_refusal_names_file_job_and_field_of_each_document() -> None:
         "jobs[7].name: out of this batch",
     ]
     assert refusal_lines(ClientError(409, "conflict", "taken"), batch) == ["taken"]
+
+
+class Sender:
+    """Answers like the cluster: 413 (entry too large) for a batch of more than ``fits`` documents."""
+
+    def __init__(self, fits: int) -> None:
+        self.fits = fits
+        self.sent: list[list[str]] = []
+
+    async def apply_jobs(self, documents: Sequence[dict[str, Any]], *, mode: str = "apply") -> dict[str, Any]:
+        self.sent.append([d["name"] for d in documents])
+        if len(documents) > self.fits:
+            raise ClientError(413, "payload_too_large", "entry too large",
+                              [{"field": "jobs", "message": "entry of 70000 bytes over 64512; split the batch"}])
+        return {"items": [{"name": d["name"], "change": "created", "version": 1} for d in documents]}
+
+
+async def test_a_batch_making_too_large_an_entry_is_sent_again_in_halves() -> None:
+    sender = Sender(fits=2)
+    batches, _ = split(docs("a", "b", "c", "d", "e", "f"), 5)
+    outcomes = await apply_in_batches(sender, batches, lambda o: None)
+    assert sender.sent == [["a", "b", "c", "d", "e"], ["a", "b"], ["c", "d", "e"], ["c"], ["d", "e"], ["f"]]
+    assert [(o.number, o.total, [d.name for d in o.documents]) for o in outcomes] == [
+        (1, 3, ["a", "b"]), (2, 4, ["c"]), (3, 4, ["d", "e"]), (4, 4, ["f"])]
+    assert all(o.error is None for o in outcomes)
+
+
+async def test_a_single_document_too_large_is_reported_not_split() -> None:
+    outcomes = await apply_in_batches(Sender(fits=0), [tuple(docs("a"))], lambda o: None)
+    assert len(outcomes) == 1 and outcomes[0].error is not None and outcomes[0].error.status == 413
