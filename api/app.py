@@ -25,7 +25,7 @@ from scheduler.errors import (
 )
 
 from .context import CTX, ApiContext, as_reader
-from .routes import cluster, jobs, metrics, runs, ui
+from .routes import batch, cluster, jobs, metrics, runs, ui
 from .routing import Route, openapi, parse_params
 from .schemas import COMPONENTS
 
@@ -39,7 +39,7 @@ _Next = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _all_routes() -> list[Route]:
-    return [*cluster.ROUTES, *jobs.ROUTES, *runs.ROUTES, *metrics.ROUTES, *ui.ROUTES]
+    return [*cluster.ROUTES, *jobs.ROUTES, *batch.ROUTES, *runs.ROUTES, *metrics.ROUTES, *ui.ROUTES]
 
 
 ROUTES = _all_routes()

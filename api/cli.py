@@ -26,11 +26,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from api import output
+from api.batches import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, BatchOutcome, apply_in_batches, refusal_lines, split
 from api.client import (
     DEFAULT_SERVER,
     Client,
     ClientError,
-    NoClusterError,
     NotFoundError,
     parse_servers,
 )
@@ -345,25 +345,28 @@ async def cmd_apply(ctx: Context, args: argparse.Namespace) -> int:
     documents, errors = read_sources(args.filename, sys.stdin)
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
-    failed = bool(errors)
-    results = []
-    for document in documents:
-        if document.name is None:
-            print(f"error: {document.source}: name is required", file=sys.stderr)
-            failed = True
-            continue
-        try:
-            answer = await ctx.client.put_job(document.name, document.body)
-        except ClientError as exc:
-            if isinstance(exc, NoClusterError) or exc.status in (401, 403):
-                raise  # every other document would fail the same way
-            _report(exc, prefix=f"job/{document.name}: ")
-            failed = True
-            continue
-        results.append(answer)
+    batches, problems = split(documents, args.batch_size)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    def show(outcome: BatchOutcome) -> None:
+        size = len(outcome.documents)
+        if outcome.error is not None:
+            print(f"batch {outcome.number}/{outcome.total}: {size} documents refused, none applied: "
+                  f"{outcome.error.message}", file=sys.stderr)
+            for line in refusal_lines(outcome.error, outcome.documents):
+                print(f"error: {line}", file=sys.stderr)
+            return
+        answer = outcome.answer or {}
+        changes = answer.get("changes", {})
+        print(f"batch {outcome.number}/{outcome.total}: {size} documents: " + ", ".join(
+            f"{changes.get(k, 0)} {k}" for k in ("created", "configured", "unchanged")), file=sys.stderr)
         if ctx.fmt not in ("json", "yaml"):
-            print(f"job/{document.name} {answer.get('change', 'configured')}")
-    ctx.dump({"items": results})
+            for item in answer.get("items", []):
+                print(f"job/{item['name']} {item['change']}")
+
+    outcomes = await apply_in_batches(ctx.client, batches, show)
+    ctx.dump({"items": [item for o in outcomes if o.answer for item in o.answer.get("items", [])]})
+    failed = bool(errors or problems) or any(o.error is not None for o in outcomes)
     return EXIT_ERROR if failed else EXIT_OK
 
 
@@ -535,6 +538,13 @@ def _count(value: str) -> int:
     return number
 
 
+def _batch_size(value: str) -> int:
+    number = _count(value)
+    if number > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_BATCH_SIZE}: {value!r}")
+    return number
+
+
 def _noun(value: str) -> str:
     return NOUNS.get(value, value)
 
@@ -607,6 +617,9 @@ def _add_write_verbs(verbs: Subparsers) -> None:
     apply = _verb(verbs, "apply", cmd_apply, "create or update jobs from YAML or JSON")
     apply.add_argument("-f", "--filename", action="append", required=True,
                        metavar="FILE|DIR|-", help="a file, a directory or - for stdin; repeatable")
+    apply.add_argument("--batch-size", type=_batch_size, default=DEFAULT_BATCH_SIZE, metavar="N",
+                       help=f"documents per request, each batch applied whole or not at all "
+                            f"(default {DEFAULT_BATCH_SIZE}, at most {MAX_BATCH_SIZE})")
 
     delete = _verb(verbs, "delete", cmd_delete, "delete a job (and its history) or a dead letter")
     delete.add_argument("noun", choices=("job", "dead-letter"))

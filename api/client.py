@@ -181,6 +181,13 @@ class Client:
     async def delete_job(self, name: str) -> JSON:
         return await self.request("DELETE", _path("jobs", name))
 
+    async def apply_jobs(self, documents: Sequence[JSON], *, mode: str = "apply") -> JSON:
+        """Many documents in one replicated entry, all or none (``POST /v1/jobs:batch``); the
+        answer's ``items`` carry each job's ``change``. Mode apply is repeatable (an upsert of
+        the same documents changes nothing); create is not."""
+        return await self.request("POST", "/v1/jobs:batch", body={"mode": mode, "jobs": list(documents)},
+                                  repeatable=mode == "apply")
+
     async def run_job(self, name: str) -> str:
         """Run now; returns the new run's id."""
         answer = await self.request("POST", _path("jobs", name, "run"), repeatable=False)

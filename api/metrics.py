@@ -37,6 +37,7 @@ from scheduler.commands import (
     Noop,
     PauseJob,
     PutJob,
+    PutJobs,
     ReportLost,
     StartRuns,
 )
@@ -80,6 +81,11 @@ class Metrics:
                                       "restarted (ExpireRuns, ReportLost)", ("job",), registry=r)
         self.elections = Counter(PREFIX + "elections", "Leader changes observed (one per term whose leader "
                                  "committed its barrier)", registry=r)
+        self.job_writes = Counter(PREFIX + "job_writes", "Job documents written, from entries applied on this "
+                                  "node while it was live, by command (put_job, put_jobs: a batch) and change "
+                                  "(created, configured, unchanged)", ("command", "change"), registry=r)
+        self.job_batches = Counter(PREFIX + "job_batches", "Batches of job documents applied (POST /v1/jobs:batch)",
+                                   registry=r)
         self.alert_deliveries = Counter(PREFIX + "alert_deliveries", "Alert deliveries by outcome",
                                         ("outcome",), registry=r)
         self.lateness = Histogram(PREFIX + "start_lateness_seconds", "Seconds from a slot to its attempt's start "
@@ -152,7 +158,15 @@ class Metrics:
                 run = result["cancelled"]
                 if run.get("status") == RunStatus.CANCELLED:
                     self.runs.labels(run["job"], RunStatus.CANCELLED).inc()
-            case PutJob() | PauseJob():
+            case PutJob():
+                self.job_writes.labels("put_job", result["change"]).inc()
+                self._by_id(result.get("cancelled") or (), RunStatus.CANCELLED)
+            case PutJobs():
+                for item in result["items"]:
+                    self.job_writes.labels("put_jobs", item["change"]).inc()
+                self.job_batches.inc()
+                self._by_id(result["cancelled"], RunStatus.CANCELLED)
+            case PauseJob():
                 self._by_id(result.get("cancelled") or (), RunStatus.CANCELLED)
             case DeleteJob():
                 self._forget(cmd.name)

@@ -144,6 +144,18 @@ COMPONENTS: dict[str, Any] = {
             "next_slots": {"type": "array", "items": {"type": "string"}},
             "consecutive_failures": {"type": "integer"}}}}},
     "JobList": _list_of("Job"),
+    "JobBatch": _obj({"mode": {"type": "string", "enum": ["create", "apply"],
+                               "description": "create: refused (409) if any name exists; apply: create or replace"},
+                      "jobs": {"type": "array", "maxItems": 5000,
+                               "items": {"$ref": "#/components/schemas/JobDocument"}}}, ("mode", "jobs")),
+    "JobBatchResult": {"type": "object", "required": ["mode", "count", "changes", "items"], "properties": {
+        "mode": {"type": "string", "enum": ["create", "apply"]}, "count": {"type": "integer"},
+        "changes": {"type": "object", "properties": {k: {"type": "integer"} for k in
+                                                     ("created", "configured", "unchanged")}},
+        "items": {"type": "array", "items": {"type": "object", "required": ["name", "change", "version"],
+                                             "properties": {"name": {"type": "string"}, "version": {"type": "integer"},
+                                                            "change": {"type": "string", "enum": [
+                                                                "created", "configured", "unchanged"]}}}}}},
     "Run": _RUN,
     "RunList": _list_of("Run"),
     "RunAccepted": {"type": "object", "required": ["run_id"], "properties": {"run_id": {"type": "string"}}},

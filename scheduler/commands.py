@@ -9,14 +9,15 @@ proposing leader and its term, the chosen nodes) travels inside the command:
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-from raftlog.codec import CodecError, decode, encode
+from raftlog.codec import CodecError, decode, encode, pack, unpack
 
 __all__ = [
-    "Command", "RegisterNode", "PutJob", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
+    "Command", "RegisterNode", "PutJob", "PutJobs", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
     "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
     "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "COMMANDS", "encode_command", "decode_command",
 ]
@@ -54,6 +55,18 @@ class PutJob(Command):
     TAG: ClassVar[str] = "put_job"
     spec: dict[str, Any]
     expect_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PutJobs(Command):
+    """Create or replace many jobs at once, all or none (``POST /v1/jobs:batch``).
+
+    ``create_only``: refused as a whole if any of the names exists. On the wire ``specs``
+    travel as one zlib-compressed msgpack list (see ``encode_command``)."""
+
+    TAG: ClassVar[str] = "put_jobs"
+    specs: tuple[dict[str, Any], ...]
+    create_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,7 +250,7 @@ class Rejected:
 COMMANDS: dict[str, type[Command]] = {
     c.TAG: c
     for c in (
-        Noop, RegisterNode, PutJob, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
+        Noop, RegisterNode, PutJob, PutJobs, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
         FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults, NodeClock,
         JobPlanning,
     )
@@ -250,6 +263,8 @@ def encode_command(cmd: Command) -> bytes:
         value = getattr(cmd, name)
         if name == "claims":
             value = [c.to_wire() for c in value]
+        elif name == "specs":
+            value = _compress_specs(value)
         elif isinstance(value, tuple):
             value = list(value)
         data[name] = value
@@ -269,6 +284,8 @@ def decode_command(raw: bytes) -> Command:
                 raise CodecError(f"command {env.tag!r} lacks field {name!r}")
             continue
         value = env.data[name]
+        if name == "specs":
+            value = _decompress_specs(env.tag, value)
         if name == "claims":
             try:
                 value = tuple(Claim(**(_claim_args(c) if "cause" in c else c)) for c in value)
@@ -290,6 +307,34 @@ def decode_command(raw: bytes) -> Command:
         if unknown:
             raise CodecError(f"command {env.tag!r} has unknown fields {sorted(unknown)}")
     return cls(**kwargs)
+
+
+# A batch of job documents repeats the same keys and defaults thousands of times: measured,
+# 1,000 documents packed to 466 KB and compressed (level 1, 1.3 ms) to 7 KB. Compressed, a
+# batch stays under pysyncobj's appendEntriesBatchSizeBytes (64 KiB), above which it sends an
+# entry in chunks whose last one it misjudges (PYSYNCOBJ.md: tracebacks on every follower).
+_SPECS_LEVEL = 1
+SPECS_LIMIT = 64 * 2**20
+"""Bytes a batch's documents may take unpacked: bounds what a hostile entry can make a replica allocate."""
+
+
+def _compress_specs(specs: tuple[dict[str, Any], ...]) -> bytes:
+    return zlib.compress(pack(list(specs)), _SPECS_LEVEL)
+
+
+def _decompress_specs(tag: str, wire: Any) -> Any:
+    """The specs list of a ``put_jobs`` entry, or CodecError; the field check that follows
+    refuses anything but a list of maps with string keys."""
+    if not isinstance(wire, bytes):
+        raise CodecError(f"command {tag!r}: field 'specs' must be compressed bytes")
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(wire, SPECS_LIMIT)
+    except zlib.error as exc:
+        raise CodecError(f"command {tag!r}: field 'specs' is not zlib data: {exc}") from exc
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise CodecError(f"command {tag!r}: field 'specs' is truncated or inflates beyond {SPECS_LIMIT} bytes")
+    return unpack(raw)
 
 
 def _claim_args(wire: Any) -> Any:

@@ -22,7 +22,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock
-from .commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, JobPlanning, Noop, PauseJob, PutJob, Rejected
+from .commands import (
+    Claim,
+    ClaimSlots,
+    DeleteJob,
+    ExpireRuns,
+    JobPlanning,
+    Noop,
+    PauseJob,
+    PutJob,
+    PutJobs,
+    Rejected,
+)
 from .errors import RaftcronError
 from .instants import format_instant, from_us
 from .model import Concurrency, Job
@@ -77,6 +88,8 @@ class LeaderLoop:
         cmd = applied.command
         if isinstance(cmd, PutJob):
             self._dirty.add(str(applied.result.get("name")))
+        elif isinstance(cmd, PutJobs):
+            self._dirty.update(str(item["name"]) for item in applied.result["items"])
         elif isinstance(cmd, (PauseJob, DeleteJob)):
             self._dirty.add(cmd.name)
         else:
@@ -278,5 +291,10 @@ class LeaderLoop:
                              f" on {r['node']}" if r["node"] else f" ({r['error']})")
             if result["refused"]:
                 log.info("%d claim(s) refused by the state: %s", len(result["refused"]), result["refused"][:3])
+                # Planned from a spec an edit replaced meanwhile (or stamped by a clock a little ahead
+                # of this one): planned again at the next tick, not at the job's next due instant,
+                # which the refused plan had put past the slots it failed to decide.
+                self._dirty.update(r["job"] for r in result["refused"])
+                self._wake.set()
         return ok
 

@@ -129,7 +129,7 @@ class SchedulerRuntime:
     def start(self, port: RaftPort, committer: Committer, *, observer: Observer | None = None) -> Service:
         """Wire the node in and start the worker; leadership then follows ``on_role``."""
         self.service = service = Service(self.state, port, committer, self.clock, self.cfg.node_id,
-                                               cluster_now_us=self.cluster_time.now_us)
+                                               cluster_now_us=self.cluster_time.reached_us)
         self.observer = observer
         self.worker = worker = Worker(service, self.clock, self.executors, lease=self.cfg.lease,
                                       max_skew=self.cfg.max_clock_skew, cluster=self.cluster_time)

@@ -104,6 +104,13 @@ class ClusterTime:
     def now_us(self) -> int:
         return us(self.now())
 
+    def reached_us(self) -> int:
+        """An instant the leader's clock has certainly reached: the reading less its error
+        bound. What an operator's write is stamped with, so that no edit is dated ahead of the
+        leader's own clock (the leader's next plan would count as made before the edit)."""
+        last = self._last
+        return self.now_us() - (round(last.error * 1e6) if last is not None else 0)
+
 
 def not_before_local_us(due_us: int, est: ClockEstimate) -> int:
     """The local wall instant by which the leader's clock has certainly reached ``due_us``.

@@ -37,6 +37,7 @@ from .commands import (
     Noop,
     PauseJob,
     PutJob,
+    PutJobs,
     RegisterNode,
     Rejected,
     RenewLeases,
@@ -67,8 +68,8 @@ class Applied:
 class State(Store):
     def __init__(self) -> None:
         super().__init__()
-        self._offered: dict[bytes, tuple[PutJob, Job]] = {}  # see offer()
-        self._offer: Job | None = None  # the offered parse for the entry being applied
+        self._offered: dict[bytes, tuple[PutJob | PutJobs, Job | tuple[Job, ...]]] = {}  # see offer()
+        self._offer: Job | tuple[Job, ...] | None = None  # the offered parse for the entry being applied
         # Local to this replica, never snapshotted, never read by apply: the leader loop on
         # this node notes a job it cannot plan here (message, job version, instant) so that
         # the job's view on this node shows why its slots are not being decided.
@@ -76,9 +77,10 @@ class State(Store):
 
     # ---- the entry point ---------------------------------------------------
 
-    def offer(self, raw: bytes, cmd: PutJob, job: Job) -> None:
+    def offer(self, raw: bytes, cmd: PutJob | PutJobs, job: Job | tuple[Job, ...]) -> None:
         """This replica's own command and parse for a ``PutJob`` it proposes: ``raw`` is
-        ``encode_command(cmd)`` and ``cmd.spec`` is ``job.to_doc()``. Applying those exact bytes
+        ``encode_command(cmd)`` and ``cmd.spec`` is ``job.to_doc()`` (for a ``PutJobs``, a tuple
+        of jobs, ``cmd.specs`` their ``to_doc()``s in order). Applying those exact bytes
         here uses them instead of decoding the bytes and parsing the document again. Both are
         pure (``decode_command(encode_command(cmd)) == cmd`` and ``parse_job(job.to_doc()) ==
         job``, tests/unit/test_model.py, test_commands.py), so apply decides the same either
@@ -127,6 +129,8 @@ class State(Store):
                 return None
             case PutJob():
                 return self._put_job(cmd)
+            case PutJobs():
+                return self._put_jobs(cmd)
             case DeleteJob():
                 return self._delete_job(cmd)
             case PauseJob():
@@ -159,7 +163,7 @@ class State(Store):
 
     def _put_job(self, cmd: PutJob) -> Any:
         job, self._offer = self._offer, None
-        if job is not None:
+        if isinstance(job, Job):
             spec = cmd.spec  # the offer's own to_doc(), as encoded (see offer)
         else:
             try:
@@ -179,27 +183,68 @@ class State(Store):
             # Decided here, not at the API, so that two concurrent puts closing a cycle between
             # them are refused the same way on every replica (the second one to apply).
             return Rejected("invalid", f"depends_on.job: would close a dependency cycle {' -> '.join(cycle)}")
+        return self._store_job(job, spec, cmd.at_us)
+
+    def _store_job(self, job: Job, spec: dict[str, Any], at_us: int) -> dict[str, Any]:
+        """Store a job the caller has checked (parsed, no conflict, no cycle); ``spec`` is ``job.to_doc()``."""
+        old = self.jobs.get(job.name)
+        if old is not None and old["spec"] == spec:
+            return {"change": "unchanged", "name": job.name, "version": old["version"]}
         cancelled: list[str] = []
         if old is None:
             rec = {
-                "spec": spec, "version": 1, "created_us": cmd.at_us, "updated_us": cmd.at_us,
+                "spec": spec, "version": 1, "created_us": at_us, "updated_us": at_us,
                 "last_slot_us": None, "consecutive_failures": 0, "missed_total": 0, "pause_note": None,
-                "spec_since_us": cmd.at_us,
+                "spec_since_us": at_us,
             }
             self.job_runs[job.name] = []
             change = "created"
         else:
-            rec = {**old, "spec": spec, "version": old["version"] + 1, "updated_us": cmd.at_us}
+            rec = {**old, "spec": spec, "version": old["version"] + 1, "updated_us": at_us}
             change = "configured"
             moved = [k for k in _SLOT_FIELDS if old["spec"].get(k) != spec.get(k)]
             if moved:
-                rec["spec_since_us"] = cmd.at_us
+                rec["spec_since_us"] = at_us
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
         self._dependents = None
         if old is not None:
-            cancelled = self._edited(job.name, old["spec"], spec, cmd.at_us, moved)
+            cancelled = self._edited(job.name, old["spec"], spec, at_us, moved)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
+
+    def _put_jobs(self, cmd: PutJobs) -> Any:
+        """All of a batch or none of it: every check of ``_put_job`` is made for every document
+        (against the state as the whole batch would leave it) before the first is stored."""
+        offered, self._offer = self._offer, None
+        if isinstance(offered, tuple) and len(offered) == len(cmd.specs):
+            batch = list(zip(offered, cmd.specs, strict=True))  # the offer's own to_doc()s (see offer)
+        else:
+            batch = []
+            for i, raw in enumerate(cmd.specs):
+                try:
+                    job = parse_job(raw)
+                except ValidationFailed as exc:
+                    return Rejected("invalid", "; ".join(f"jobs[{i}].{d['field']}: {d['message']}" for d in exc.details)
+                                    or f"jobs[{i}]: {exc.message}")
+                batch.append((job, job.to_doc()))
+        seen: dict[str, int] = {}
+        for i, (job, _) in enumerate(batch):
+            if job.name in seen:
+                return Rejected("invalid", f"jobs[{i}].name: {job.name!r} is also jobs[{seen[job.name]}]")
+            seen[job.name] = i
+        if cmd.create_only and (taken := [job.name for job, _ in batch if job.name in self.jobs]):
+            shown = ", ".join(repr(n) for n in taken[:20]) + (f" and {len(taken) - 20} more" if len(taken) > 20 else "")
+            return Rejected("conflict", f"{len(taken)} job(s) exist already: {shown}")
+        upstream = {job.name: job.depends_on.job if job.depends_on is not None else "" for job, _ in batch}
+        for i, (job, spec) in enumerate(batch):
+            old = self.jobs.get(job.name)
+            if old is not None and old["spec"] == spec:
+                continue  # unchanged, as _put_job answers before its own cycle check
+            if job.depends_on is not None and (cycle := self._cycle(job.name, job.depends_on.job, upstream)):
+                return Rejected("invalid", f"jobs[{i}].depends_on.job: would close a dependency cycle "
+                                           f"{' -> '.join(cycle)}")
+        items = [self._store_job(job, spec, cmd.at_us) for job, spec in batch]
+        return {"items": items, "cancelled": [rid for item in items for rid in item.get("cancelled", ())]}
 
     def _edited(self, name: str, before: dict[str, Any], after: dict[str, Any], at_us: int,
                 moved: list[str]) -> list[str]:
@@ -223,10 +268,12 @@ class State(Store):
         self.note(name, {"at_us": at_us, "decision": "changed", "reason": reason})
         return cancelled
 
-    def _cycle(self, name: str, upstream: str) -> list[str] | None:
+    def _cycle(self, name: str, upstream: str, overlay: dict[str, str] | None = None) -> list[str] | None:
         """The dependency path from ``name`` back to itself if it depended on ``upstream``.
 
-        Every job names at most one upstream, so this walks one chain, at most every job once."""
+        ``overlay``: each job of a batch by name, with its upstream ("" for none), read instead
+        of the stored job. Every job names at most one upstream, so this walks one chain, at
+        most every job once."""
         path, seen, cur = [name], {name}, upstream
         while cur:
             path.append(cur)
@@ -235,6 +282,9 @@ class State(Store):
             if cur in seen:
                 return None  # a cycle not through this job (only an older state can hold one)
             seen.add(cur)
+            if overlay is not None and cur in overlay:
+                cur = overlay[cur]
+                continue
             up = self.job(cur) if cur in self.jobs else None
             cur = up.depends_on.job if up is not None and up.depends_on is not None else ""
         return None

@@ -35,6 +35,7 @@ from .commands import (
     FinishRuns,
     PauseJob,
     PutJob,
+    PutJobs,
     RenewLeases,
     ReportLost,
     StartRuns,
@@ -111,7 +112,7 @@ class Worker:
                     if run["status"] == "claimed" and run["node"] == self.me:
                         self._schedule(run)
             self._stop_attempts(result["cancelled"], "replaced")
-        elif isinstance(cmd, (PutJob, PauseJob)):
+        elif isinstance(cmd, (PutJob, PutJobs, PauseJob)):
             self._stop_attempts(result.get("cancelled", ()), "job changed")
         elif isinstance(cmd, DeleteJob):
             self._stop_attempts([rid for rid, t in self._tasks.items() if t.get_name().startswith(f"{cmd.name}@")], "job deleted")

@@ -17,7 +17,7 @@ from ..context import CTX, ApiContext
 from ..routing import decode_cursor, encode_cursor
 from ..views import run_view
 
-__all__ = ["ctx_of", "read_json", "ok", "page", "require_job"]
+__all__ = ["ctx_of", "read_json", "parse_json", "ok", "page", "require_job"]
 
 DEFAULT_LIMIT = 100
 
@@ -27,7 +27,11 @@ def ctx_of(request: web.Request) -> ApiContext:
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
-    raw = await request.read()
+    return parse_json(await request.read(), optional=optional)
+
+
+def parse_json(raw: bytes, *, optional: bool = False) -> Any:
+    """A request body as JSON the replicated log can hold, or ValidationFailed naming the problem."""
     if not raw.strip():
         if optional:
             return None

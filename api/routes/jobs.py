@@ -17,7 +17,7 @@ from ..routing import Param, Route
 from ..views import explain_view, job_view
 from .common import ctx_of, cursor, ok, page, read_json, require_job, runs_page
 
-__all__ = ["ROUTES"]
+__all__ = ["ROUTES", "keep_secrets"]
 
 NAME = Param("name", "path", required=True, description="job name")
 LIMIT = Param("limit", type="integer", minimum=1, maximum=1000, description="page size, default 100")
@@ -58,7 +58,7 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, create_only: bool) -> web.Response:
     ctx = ctx_of(request)
-    doc = _keep_secrets(ctx, await read_json(request), name)
+    doc = keep_secrets(ctx, await read_json(request), name)
     job = parse_job(doc, name=name)
     result = await ctx.service.put_job(job, create_only=create_only)
     view = job_view(ctx.state, job.name, ctx.service.cluster_now_us()) or {"name": job.name}
@@ -66,7 +66,7 @@ async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, 
     return ok(view, 201 if result["change"] == "created" else 200)
 
 
-def _keep_secrets(ctx: ApiContext, doc: Any, name: str | None) -> Any:
+def keep_secrets(ctx: ApiContext, doc: Any, name: str | None) -> Any:
     """A document as a read-only caller is shown it, applied back by a writer, stores the
     secrets it masked rather than ``***``."""
     if not isinstance(doc, dict):

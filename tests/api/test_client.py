@@ -407,8 +407,8 @@ async def test_apply_reports_every_field_error_and_applies_the_rest(
     captured = capsys.readouterr()
     assert captured.out == "job/alpha created\njob/beta created\n"
     err = captured.err.splitlines()
-    assert "error: job/broken: http.url: is required" in err
-    assert "error: job/broken: schedule: is required" in err
+    assert f"error: {tmp_path / 'a.yaml'}#1: job/broken: http.url: is required" in err
+    assert f"error: {tmp_path / 'a.yaml'}#1: job/broken: schedule: is required" in err
     assert any(line.startswith(f"error: {tmp_path / 'b.yaml'}:") for line in err)
     assert f"error: {tmp_path / 'c.json'}: name is required" in err
     assert sorted(cluster.jobs) == ["alpha", "beta"]

@@ -71,6 +71,7 @@ async def _targets(api: Cluster) -> list[tuple[str, str, Any, Route]]:
         ("POST", "/v1/dead-letters/{id}/replay"): (f"/v1/dead-letters/{dead}/replay", None),
         ("DELETE", "/v1/dead-letters/{id}"): (f"/v1/dead-letters/{dead2}", None),
         ("POST", "/v1/members"): ("/v1/members", {"raft_addr": api.raft_addr}),  # 409: never a real change
+        ("POST", "/v1/jobs:batch"): ("/v1/jobs:batch", {"mode": "apply", "jobs": [api.doc(api.name())]}),
     }
     out = []
     for r in ROUTES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from scheduler.commands import (
     Noop,
     PauseJob,
     PutJob,
+    PutJobs,
     RegisterNode,
     Rejected,
     RenewLeases,
@@ -44,6 +46,9 @@ SAMPLES: dict[str, Command] = {
                                   tags={"zone": "a", "disk": "ssd"}, allow_shell=True),
     "put_job": PutJob(at_us=T0, spec={**SPEC, "labels": {"team": "billing"}, "retries": {"max": 3}},
                       expect_version=4),
+    "put_jobs": PutJobs(at_us=T0, specs=(SPEC, {**SPEC, "name": "pong", "labels": {"team": "ops"}},
+                                         {**SPEC, "name": "nested", "http": {"url": "https://x.test", "expect_status": [200, 204]}}),
+                        create_only=True),
     "delete_job": DeleteJob(at_us=T0, name="ping"),
     "pause_job": PauseJob(at_us=T0, name="ping", paused=True, note="maintenance"),
     "claim_slots": ClaimSlots(
@@ -102,6 +107,7 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
     cls = COMMANDS[tag]
     required = {
         "register_node": dict(node_id="n", raft_addr="a", http_addr="b"), "put_job": dict(spec=SPEC),
+        "put_jobs": dict(specs=()),
         "delete_job": dict(name="x"), "pause_job": dict(name="x", paused=False),
         "claim_slots": dict(leader="n", term=1, claims=()),
         "start_runs": dict(node="n", runs=(), started_us={}, lease_until_us=0),
@@ -158,6 +164,15 @@ MALFORMED: list[tuple[str, bytes, str]] = [
      "malformed claim"),
     ("claim not a map", encode("claim_slots", {"at_us": 1, "leader": "n", "term": 1, "claims": [7]}),
      "malformed claim"),
+    ("specs not compressed", encode("put_jobs", {"at_us": 1, "specs": [SPEC]}), "must be compressed bytes"),
+    ("specs not zlib", encode("put_jobs", {"at_us": 1, "specs": b"nope"}), "is not zlib data"),
+    ("specs truncated", encode("put_jobs", {"at_us": 1, "specs": zlib.compress(pack([SPEC]))[:-4]}),
+     "is truncated"),
+    ("specs a bomb", encode("put_jobs", {"at_us": 1, "specs": zlib.compress(b"\x00" * (65 * 2**20), 9)}),
+     "inflates beyond"),
+    ("specs not maps", encode("put_jobs", {"at_us": 1, "specs": zlib.compress(pack([1, 2]))}),
+     "field 'specs' must be"),
+    ("specs not msgpack", encode("put_jobs", {"at_us": 1, "specs": zlib.compress(b"\xc1")}), "not valid msgpack"),
     ("claims not a list", encode("claim_slots", {"at_us": 1, "leader": "n", "term": 1, "claims": 7}),
      "malformed claim"),
 ]

@@ -122,8 +122,15 @@ class LedgerModel(RuleBasedStateMachine):
         return self.now
 
     def read(self, node: str) -> int:
-        """``node``'s reading of the cluster's time, which stamps what it proposes."""
+        """``node``'s reading of the cluster's time, which stamps its workers' reports."""
         return self.tick() + self.offset[node]
+
+    def reached(self, node: str) -> int:
+        """What stamps an operator's write through ``node``: its reading less the error bound,
+        never ahead of the leader's clock (``ClusterTime.reached_us``), so behind by up to twice
+        the offset."""
+        off = self.offset[node]  # its error bound taken as |off|
+        return self.tick() + off - abs(off)
 
     def apply(self, cmd: Command | bytes) -> Applied | Rejected:
         raw = cmd if isinstance(cmd, bytes) else encode_command(cmd)
@@ -219,7 +226,7 @@ class LedgerModel(RuleBasedStateMachine):
     def put(self, name: str, schedule: str, zone: str, starts: int | None, ends: int | None, paused: bool,
             concurrency: str, catchup: str, window: str, upstream: str | None, retries: int, delivery: str,
             via: str) -> None:
-        at = self.read(via)
+        at = self.reached(via)
         doc: dict[str, Any] = {
             "name": name, "schedule": schedule, "timezone": zone, "paused": paused, "executor": "http",
             "http": {"url": "https://sink.test/x"}, "concurrency": concurrency, "delivery": delivery,
@@ -251,17 +258,17 @@ class LedgerModel(RuleBasedStateMachine):
         if kind in ("pause", "resume"):
             self.pause(name, kind == "pause", node)
         elif kind == "delete":
-            self.apply(DeleteJob(at_us=self.read(node), name=name))
+            self.apply(DeleteJob(at_us=self.reached(node), name=name))
         elif kind == "manual" and name in self.state.jobs:
             self.requests += 1
-            at = self.read(node)
+            at = self.reached(node)
             claim = Claim(job=name, slot_us=at, trigger="manual", node=node, request_key=f"req-{self.requests}")
             self.apply(ClaimSlots(at_us=at, leader=f"api:{node}", term=self.term, claims=(claim,)))
         elif kind == "cancel" and (active := list(self.state.active)):
-            self.apply(CancelRun(at_us=self.read(node), run_id=active[k % len(active)], reason="by hand"))
+            self.apply(CancelRun(at_us=self.reached(node), run_id=active[k % len(active)], reason="by hand"))
 
     def pause(self, name: str, paused: bool, via: str) -> None:
-        at = self.read(via)
+        at = self.reached(via)
         rec = self.state.jobs.get(name)
         out = self.apply(PauseJob(at_us=at, name=name, paused=paused))
         if rec is None:
