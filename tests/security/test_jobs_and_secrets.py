@@ -23,7 +23,7 @@ import pytest
 
 from tests.cluster.harness import ROOT, Cluster, Node, http, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.security]
 
 SECRET = "security-test-secret-0123456789abcdef"
 WRITE, READ = "write-token-of-the-security-test", "read-token-of-the-security-test"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster.harness import ROOT, Cluster, Node, Sink, free_ports, http, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.security]
 
 W, R = "write-token-for-the-redaction-test", "read-token-for-the-redaction-test"
 SECRETS = ("hunter2", "K3Y", "T0K", "H00K", "pw1")
