@@ -193,7 +193,7 @@ def check_body_pattern(value: str) -> str | None:
     except ValueError as exc:
         return (
             f"is not a regular expression RE2 can run ({exc}): backreferences and look-around "
-            "are not supported, matching must take linear time"
+            "are not supported, matching must take linear time in a pattern of bounded size"
         )
     return None
 

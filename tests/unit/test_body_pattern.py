@@ -105,3 +105,55 @@ def test_a_stored_job_with_a_pattern_only_re_runs_still_parses() -> None:
     with pytest.raises(ValidationFailed) as exc:
         parse_job({**doc, "http": {"url": "http://h.test/", "expect_body": "(unclosed"}})
     assert [d["field"] for d in exc.value.details] == ["http.expect_body"]
+
+
+BIG = "|".join(["(?:(a|b|c|d|e|f|g|h|i|j)*.{999}Q)"] * 6)  # 203 characters; ~48,000 instructions
+
+
+def test_a_pattern_too_large_for_a_fast_search_is_refused() -> None:
+    """RE2 accepts it, but with its DFA cache outgrown a search over 64 KiB took 12-113 s."""
+    problem = check_body_pattern(BIG)
+    assert problem is not None and "instructions, over the limit of 1000" in problem
+    with pytest.raises(ValueError, match="over the limit"):
+        compile_pattern(BIG)
+    for everyday in (r"(a+)+$", r'"status"\s*:\s*"(ok|healthy|up)"', r"(?i)HEALTHY", r"\bstatus: (ok|up)\b"):
+        assert check_body_pattern(everyday) is None
+
+
+async def test_the_search_runs_off_the_event_loop(server: TestServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+    import time
+
+    import scheduler.executors.http as http_executor
+
+    loop_thread = threading.get_ident()
+    searched_in: list[int] = []
+
+    class Slow:
+        pattern = "needle"
+
+        def search(self, text: str) -> object | None:
+            searched_in.append(threading.get_ident())
+            time.sleep(0.3)
+            return object()
+
+    monkeypatch.setattr(http_executor, "_compile", lambda expect_body: Slow())
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    tick = asyncio.create_task(ticker())
+    executor = HttpExecutor()
+    try:
+        outcome = await executor.run(attempt(str(server.make_url("/short")), "needle"))
+    finally:
+        tick.cancel()
+        await executor.close()
+    assert outcome.status is OutcomeStatus.SUCCEEDED
+    assert searched_in and searched_in[0] != loop_thread
+    assert ticks >= 10  # the loop went on ticking during the 0.3 s search
