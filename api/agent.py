@@ -270,6 +270,26 @@ async def _serve(cfg: AgentConfig, advertise: str | None) -> int:
     return 0
 
 
+def undumpable() -> None:
+    """Make this process non-dumpable (Linux ``prctl(PR_SET_DUMPABLE, 0)``).
+
+    A shell job without ``--shell-user`` runs as the agent's own user and could otherwise read
+    ``/proc/<agent>/environ``, which holds the cluster secret and the API tokens when they
+    were given as environment variables (as compose does), or attach to the agent with
+    ptrace. Non-dumpable, those files belong to root and the attach is refused. Children are
+    not affected: exec makes them dumpable again.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_dumpable = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        log.warning("could not make the agent non-dumpable (errno %d): shell jobs run as this user can "
+                    "read its environment", ctypes.get_errno())
+
+
 def run_agent(args: argparse.Namespace) -> int:
     setup_logging(args.log_format, args.log_level)
     # Time zones come from the tzdata package only, never the host's files: job
@@ -283,6 +303,7 @@ def run_agent(args: argparse.Namespace) -> int:
     gc.freeze()
     # Journal, snapshots and anything else the node writes: readable by this user only.
     os.umask(0o077)
+    undumpable()
     try:
         cfg = config_from_args(args)
     except (ValueError, MissingSecret) as exc:
