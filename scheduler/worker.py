@@ -45,6 +45,7 @@ from .executors.base import Attempt, Executor, Outcome, OutcomeStatus
 from .instants import from_us, us
 from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us
+from .redaction import scrub_urls
 from .runs import RunRecord
 from .service import Service
 from .skew import ClusterTime, estimated_lead_us, leader_lead_us, not_before_local_us
@@ -186,9 +187,13 @@ class Worker:
             self._starts.pop(rid, None)
             raise
         except Exception as exc:  # noqa: BLE001 - an executor bug is the attempt's failure, not the worker's
-            log.exception("executor %s raised on run %s", kind, rid)
+            # Its message may quote a URL whole (a token in the query): scrubbed where it is kept
+            # and logged; the traceback only at debug level.
+            error = scrub_urls(f"executor error: {type(exc).__name__}: {exc}")
+            log.error("executor %s raised on run %s: %s", kind, rid, error)
+            log.debug("executor %s traceback", kind, exc_info=exc)
             now = self.cluster.now()
-            outcome = Outcome(status=OutcomeStatus.FAILED, started_at=from_us(started), finished_at=now, error=f"executor error: {exc}")
+            outcome = Outcome(status=OutcomeStatus.FAILED, started_at=from_us(started), finished_at=now, error=error)
         self._running.discard(rid)
         self._results[rid] = _result(rid, outcome)
         if self.on_finish is not None:

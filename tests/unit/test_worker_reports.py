@@ -284,3 +284,17 @@ async def test_report_orphans_stamps_the_loss_in_the_clusters_time(leader_ahead:
             assert run["retry_at_us"] == cluster_now, "the retry due now by the leader's clock"
     finally:
         await r.close()
+
+
+async def test_an_executor_that_raises_fails_the_attempt_with_its_urls_scrubbed(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    async def raising(attempt: Attempt) -> OutcomeStatus:
+        raise ValueError("cannot reach https://hooks.test/T0/B1?api_key=SECRET123 now")
+
+    rig.executor.handler = raising
+    rig.go_live()
+    rid = await rig.claim("k1")
+    await rig.run_until("the failure recorded", lambda: rig.status(rid) == "failed")
+    error = str(rig.state.runs[rid]["error"])
+    assert error.startswith("executor error: ValueError: cannot reach https://hooks.test/") and "SECRET123" not in error
+    assert "SECRET123" not in caplog.text
