@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.conftest import make_cluster, sink  # noqa: F401 - shared with the cluster tests
+
 from .rig import FIGURES, Rig, require_tools, required
 
 pytestmark = pytest.mark.faults

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,20 +29,6 @@ BUSY = 2.0  # seconds the receiver holds each answer: the attempts are running w
 JOBS = 6
 
 
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    made: list[Cluster] = []
-
-    def make(size: int = 3, **kw: Any) -> Cluster:
-        c = Cluster.create(tmp_path / f"c{len(made)}", size, **kw)
-        made.append(c)
-        return c.start()
-
-    yield make
-    for c in made:
-        c.stop()
-
-
 @contextlib.contextmanager
 def _logs_on_failure(c: Cluster) -> Iterator[None]:
     """The agents' logs in the test's output when it fails (the fixture cannot see the outcome)."""
@@ -52,13 +37,6 @@ def _logs_on_failure(c: Cluster) -> Iterator[None]:
     except BaseException:
         print(c.dump_logs())
         raise
-
-
-@pytest.fixture
-def sink() -> Iterator[Sink]:
-    s = Sink()
-    yield s
-    s.close()
 
 
 def _epoch(text: str) -> float:
