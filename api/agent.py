@@ -116,6 +116,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     if args.secret:
         secret = args.secret
         check_secret(secret, "--secret (RAFTCRON_SECRET)")
+        if os.environ.get("RAFTCRON_SECRET") != secret:
+            log.warning("the cluster secret was given as --secret on the command line, which every local user "
+                        "can read in /proc/<pid>/cmdline; prefer --secret-file or RAFTCRON_SECRET")
     elif secret_file:
         secret = read_secret_file(Path(secret_file))
     else:

@@ -115,3 +115,14 @@ def test_a_shell_user_needs_a_root_agent(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ValueError, match="needs the agent to run as root"):
         config_from_args(args("--secret", GOOD, "--shell-user", "nobody"))
+
+
+def test_a_secret_on_the_command_line_is_warned_about(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("RAFTCRON_SECRET", raising=False)
+    config_from_args(args("--secret", GOOD))
+    assert "/proc/<pid>/cmdline" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("RAFTCRON_SECRET", GOOD)
+    config_from_args(args())
+    assert "cmdline" not in caplog.text
