@@ -109,6 +109,12 @@ class PreVote:
         if not self.asks or host._isLeader():
             self._end_round()
             return None
+        if getattr(host, "_SyncObj__transferInProgress", False):
+            # The leader handed leadership to this node (TimeoutNow): its own wish, so there is
+            # no one to ask, and peers that hear that leader would refuse (Raft thesis 3.10, 9.6).
+            self._end_round()
+            self.elections += host._SyncObj__raftElectionDeadline < self._now()
+            return None
         now = self._now()
         if self._stale_leader and now - self._stale_leader < self._max:
             # A leader at a lower term is live and this node ignores it: only an election

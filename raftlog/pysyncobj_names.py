@@ -55,6 +55,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_SYNCOBJ, "_SyncObj__raftNextIndex", "attribute", "eager sends to idle followers"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftMatchIndex", "attribute", "eager sends to idle followers"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftElectionDeadline", "attribute", "excuse a follower's own stall; pre-vote's gate"),
+    PrivateName(_SYNCOBJ, "_SyncObj__transferInProgress", "attribute", "a leadership transfer skips pre-vote"),
     PrivateName(_SYNCOBJ, "_SyncObj__raftLeader", "attribute", "contact with the leader"),
     PrivateName(_SYNCOBJ, "_SyncObj__lastResponseTime", "attribute", "a leader's contact with its quorum"),
     PrivateName(_SYNCOBJ, "_poller", "attribute", "the wake-up pipe subscribes to it"),

@@ -343,3 +343,16 @@ def test_a_lower_term_leader_heard_long_ago_no_longer_opens_the_gate() -> None:
     c.clock.t += MAX + 0.1
     vote.around_tick(pysyncobj_check(c, "a", late=0.0))
     assert c.hosts["a"].raftCurrentTerm == 3 and vote.rounds == 1
+
+
+def test_a_leadership_transfer_is_not_asked_about() -> None:
+    """The leader's TimeoutNow (pysyncobj's transferLeadership, used by a leader whose disk is
+    full) makes the follower elect at once: its peers, which hear the live leader, would refuse
+    a pre-vote, and the transfer would never happen."""
+    c = Cluster(["a", "b", "c"])
+    c.leader_heartbeat("c")
+    host = c.hosts["a"]
+    host._SyncObj__raftElectionDeadline = 0.0  # what pysyncobj does on TimeoutNow
+    host._SyncObj__transferInProgress = True  # type: ignore[attr-defined]
+    assert c.votes["a"].before_tick() is None  # the gate is open: pysyncobj's check elects
+    assert c.pump() == 0 and c.votes["a"].rounds == 0
