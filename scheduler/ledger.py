@@ -310,7 +310,7 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
             new["status"] = "dead"
             state.dead[run["id"]] = None
         else:
-            new["status"] = outcome if outcome in ("failed", "timed_out") else "failed"
+            new["status"] = "timed_out" if outcome == "timed_out" else "failed"
     state.runs[run["id"]] = new
     if new["status"] != "retrying":
         state.active.pop(run["id"], None)

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 from .commands import Claim
 from .instants import from_us, us
 from .model import Job
-from .runs import RunRecord
+from .runs import RunRecord, StatusName, TriggerName
 from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "walk_from_us", "next_slot_us", "upcoming", "due_retries",
@@ -187,7 +187,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int
         run_late = []
         _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
     busy: list[RunRecord | _ThisTick] = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
-    due = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
+    due: list[tuple[int, TriggerName]] = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
     if job.concurrency is Concurrency.REPLACE and len(due) > 1:
         # Several slots due at once would replace each other in the same instant: run the newest.
         for s, trigger in due[:-1]:
@@ -199,7 +199,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int
     return plan
 
 
-def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: str, busy: list[RunRecord | _ThisTick],
+def _dispatch(plan: JobPlan, job: Job, slot: int, trigger: TriggerName, busy: list[RunRecord | _ThisTick],
               picker: Picker) -> None:
     mode = job.concurrency
     if busy and mode is Concurrency.FORBID:
@@ -225,10 +225,10 @@ class _ThisTick(TypedDict):
     """A slot claimed earlier in the same decision, busy for forbid / replace like a record."""
 
     id: str
-    status: str
+    status: StatusName
 
 
-def _record(plan: JobPlan, job: Job, slots: list[int], status: str, trigger: str, reason: str,
+def _record(plan: JobPlan, job: Job, slots: list[int], status: StatusName, trigger: TriggerName, reason: str,
             cfg: PlanConfig) -> None:
     if not slots:
         return

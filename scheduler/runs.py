@@ -37,11 +37,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, TypeGuard, get_args
 
 __all__ = [
     "ACTIVE", "CLAIM_STATUSES", "FOLLOWS", "RUN_STATUSES", "SCHEDULED", "TERMINAL", "TRANSITIONS",
-    "LateResult", "RunRecord", "RunStatus", "Trigger",
+    "LateResult", "RunRecord", "RunStatus", "StatusName", "Trigger", "TriggerName", "is_status", "is_trigger",
 ]
 
 
@@ -66,6 +66,31 @@ class Trigger(enum.StrEnum):
     RETRY = "retry"
     DEPENDENCY = "dependency"
     REPLAY = "replay"
+
+
+StatusName = Literal[
+    "claimed", "running", "succeeded", "failed", "timed_out", "retrying", "lost", "cancelled", "skipped", "missed",
+    "dead",
+]
+"""A status as a record holds it: a plain string that mypy checks (``"claimd"`` is an error
+wherever a status is stored, passed or compared). The values of ``RunStatus``, in its order
+(tests/unit/test_run_record.py keeps the two in step)."""
+
+TriggerName = Literal["schedule", "catchup", "manual", "retry", "dependency", "replay"]
+"""A trigger as a record holds it; the values of ``Trigger``, in its order."""
+
+_STATUS_NAMES: frozenset[str] = frozenset(RunStatus)
+_TRIGGER_NAMES: frozenset[str] = frozenset(Trigger)
+
+
+def is_status(value: object) -> TypeGuard[StatusName]:
+    """Whether ``value`` (a string from the wire or a node's report) is a run status."""
+    return value in _STATUS_NAMES
+
+
+def is_trigger(value: object) -> TypeGuard[TriggerName]:
+    """Whether ``value`` (a string from the wire) is a run trigger."""
+    return value in _TRIGGER_NAMES
 
 
 _S = RunStatus
@@ -94,7 +119,7 @@ TERMINAL = frozenset(RunStatus) - ACTIVE
 SCHEDULED = frozenset({Trigger.SCHEDULE, Trigger.CATCHUP})
 """Triggers of slots the schedule decides (at most once each); the others name a request or a run."""
 
-RUN_STATUSES: tuple[str, ...] = tuple(s.value for s in RunStatus)
+RUN_STATUSES: tuple[StatusName, ...] = get_args(StatusName)
 """Every status in SPEC order, as plain strings: the API's status filter, metric labels, the CLI."""
 
 
@@ -111,9 +136,12 @@ class RunRecord(TypedDict):
     Records are replaced, never mutated in place: a change is a new dict,
     ``{**run, "status": "running"}``, which mypy checks key by key.
 
-    ``status`` and ``trigger`` are typed ``str`` and hold plain strings, the enums'
-    values, not their members: compare them with the members (``run["status"] ==
-    RunStatus.RUNNING``, ``in TERMINAL``), which are equal strings. Measured, members
+    ``status`` and ``trigger`` hold plain strings, the enums' values, not their members,
+    typed as the ``StatusName`` and ``TriggerName`` literals: compare them with string
+    literals (``run["status"] == "running"``), which mypy checks against the literal
+    (a misspelt status is a non-overlapping comparison), or test membership in the sets
+    above (``in TERMINAL``). mypy takes a member and a literal string for values that
+    never compare equal, so ``== RunStatus.RUNNING`` is refused here. Measured, members
     would cost more than they check: a dict holding only strings, numbers and None
     is left alone by the cyclic garbage collector, a member (a class instance) makes
     it tracked, and with 1,000,000 records a full collection went from 45 ms to
@@ -126,8 +154,8 @@ class RunRecord(TypedDict):
     job: str
     slot_us: int
     attempt: int  # 1 for the first attempt of a slot
-    trigger: str  # a Trigger value
-    status: str  # a RunStatus value
+    trigger: TriggerName
+    status: StatusName
     node: str | None  # the node it was dispatched to; None when decided without running
     claimed_us: int
     started_us: int | None

@@ -14,6 +14,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from raftlog import NotCommitted, UnknownOutcome
@@ -46,7 +47,7 @@ from .instants import us
 from .jobrules import check_body_pattern
 from .model import Job
 from .planner import NodeInfo, Picker
-from .runs import RunRecord
+from .runs import RunRecord, TriggerName
 from .state import Applied, State
 
 __all__ = ["Service"]
@@ -249,7 +250,7 @@ class Service:
         spare = next((n["node_id"] for n in list(self.state.nodes.values()) if n["raft_addr"] == leader), None)
         return Picker(nodes, load, spare)
 
-    async def run_now(self, name: str, live: set[str], *, trigger: str = "manual",
+    async def run_now(self, name: str, live: set[str], *, trigger: TriggerName = "manual",
                       retry_of: str | None = None) -> str:
         job = self.state.job(name)
         if job is None:
@@ -259,9 +260,8 @@ class Service:
         slot = now if retry_of is None else self.state.runs[retry_of]["slot_us"]
         attempt = 1 if retry_of is None else self.state.runs[retry_of]["attempt"] + 1
         nodes, why = self.picker(live).pick(job, count=job.target.count)
-        base: dict[str, Any] = dict(job=name, slot_us=slot, trigger=trigger, request_key=key, retry_of=retry_of,
-                                     attempt=attempt)
-        claims = tuple(Claim(node=n, **base) for n in nodes) or (Claim(status="failed", reason=why, **base),)
+        base = Claim(job=name, slot_us=slot, trigger=trigger, request_key=key, retry_of=retry_of, attempt=attempt)
+        claims = tuple(replace(base, node=n) for n in nodes) or (replace(base, status="failed", reason=why),)
         cmd = ClaimSlots(at_us=now, leader=f"api:{self.node_id}", term=self.node.status().term, claims=claims)
         result, _ = await self.propose(cmd)
         if isinstance(result, Rejected):
