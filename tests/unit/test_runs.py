@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 
@@ -30,7 +31,9 @@ from scheduler.runs import (
     TERMINAL,
     TRANSITIONS,
     RunStatus,
+    StatusName,
     Trigger,
+    TriggerName,
 )
 from scheduler.state import State
 from tests.unit import test_ledger, test_simulation, test_state, test_state_properties
@@ -191,3 +194,27 @@ for _module in (test_ledger, test_state, test_state_properties, test_simulation)
     for _name, _test in vars(_module).items():
         if _name.startswith("test_") and callable(_test):
             globals()[f"{_name}__again_in_{_module.__name__.rsplit('.', 1)[-1]}"] = _test
+
+
+def test_the_literal_names_are_the_enums_values() -> None:
+    assert get_args(StatusName) == tuple(s.value for s in RunStatus)
+    assert get_args(TriggerName) == tuple(t.value for t in Trigger)
+
+
+def test_mypy_refuses_a_misspelt_status_or_trigger(tmp_path: Path) -> None:
+    """Records hold plain strings (see scheduler.runs), typed by the Literal names, so a typo
+    is a type error, not a comparison that is silently never true."""
+    from mypy import api as mypy_api
+
+    snippet = tmp_path / "typo.py"
+    snippet.write_text(
+        "from scheduler.runs import RunRecord\n\n\n"
+        "def stuck(run: RunRecord) -> bool:\n"
+        "    return run[\"status\"] == \"claimd\"\n\n\n"
+        "def by_hand(run: RunRecord) -> RunRecord:\n"
+        "    return {**run, \"trigger\": \"manul\"}\n"
+    )
+    out, err, code = mypy_api.run(["--strict", "--no-incremental", "--follow-imports=silent",
+                                   "--cache-dir", str(tmp_path / "cache"), str(snippet)])
+    assert code == 1, out + err
+    assert "typo.py:5" in out and "typo.py:9" in out, out
