@@ -299,11 +299,13 @@ class _Receiver:
     """The sink's records as the fault suite's checker reads a receiver (header names as sent)."""
 
     def __init__(self, c: ComposeCluster) -> None:
-        self.records = c.deliveries()
+        self.c = c
 
     def of(self, job: str) -> list[_Delivery]:
+        # Read when the checker asks, after it waited for the ledger to settle: read any earlier,
+        # the retries that settled meanwhile were missing (seen: two slots "never received").
         out = []
-        for d in self.records:
+        for d in self.c.deliveries():
             headers = {"-".join(w.capitalize() for w in k.split("-")): v for k, v in d["headers"].items()}
             if headers.get("X-Raftcron-Job") == job:
                 out.append(_Delivery(float(d["t"]), headers))
