@@ -101,7 +101,7 @@ class Metrics:
     # ---- hooks ---------------------------------------------------------------------
 
     def run_started(self, job: str, lateness_s: float) -> None:
-        """``Worker.on_start``. A worker wakes at the slot by its own clock; a wake a hair early reads 0."""
+        """``Worker.on_start``. A worker wakes at the slot by the cluster's time as it estimates it; a wake a hair early reads 0."""
         self.lateness.observe(max(0.0, lateness_s))
 
     def run_finished(self, job: str, status: str, duration_s: float) -> None:
