@@ -19,11 +19,13 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from .node import FAIL_REASON, RaftNode
+from .node import FAIL_REASON
 
-__all__ = ["Bridge", "Relay", "SubmitError", "NotCommitted", "UnknownOutcome"]
+__all__ = ["Bridge", "Proposer", "Relay", "SubmitError", "NotCommitted", "UnknownOutcome"]
+
+Callback = Callable[[Any, int], None]
 
 log = logging.getLogger("raftcron.bridge")
 
@@ -88,8 +90,21 @@ class Relay:
                 log.exception("call from the raft thread failed: %r", fn)
 
 
+class Proposer(Protocol):
+    """What the bridge needs of a raft node (``RaftNode``, or an in-memory replica in tests).
+
+    Each call returns at once; ``callback(result, fail_reason)`` runs later, once, on any thread.
+    """
+
+    def submit(self, payload: bytes, callback: Callback) -> None: ...
+
+    def add_member(self, raft_addr: str, callback: Callback) -> None: ...
+
+    def remove_member(self, raft_addr: str, callback: Callback) -> None: ...
+
+
 class Bridge:
-    def __init__(self, node: RaftNode, loop: asyncio.AbstractEventLoop, relay: Relay | None = None) -> None:
+    def __init__(self, node: Proposer, loop: asyncio.AbstractEventLoop, relay: Relay | None = None) -> None:
         self._node = node
         self._loop = loop
         self._relay = relay or Relay(loop)

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
-from .runs import ACTIVE, CLAIM_STATUSES, SCHEDULED, TERMINAL, LateResult, RunRecord
+from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
 from .store import Store
 
@@ -155,7 +155,7 @@ def _admissible(state: Store, c: Claim, fanned: set[tuple[str, Any]], planned_us
         prev = state.runs.get(c.retry_of or "")
         if prev is None or prev["job"] != c.job or prev["next"] is not None or prev["slot_us"] != c.slot_us:
             return "not the current attempt of its slot"
-        if c.trigger == "retry" and (prev["status"] not in ("retrying", "lost") or prev["id"] not in state.active):
+        if c.trigger == "retry" and (prev["status"] not in AWAITING_RETRY or prev["id"] not in state.active):
             return f"run {prev['id']} is {prev['status']}, not awaiting a retry"
         if c.trigger == "replay" and prev["id"] not in state.dead:
             return f"run {prev['id']} is not a dead letter"
@@ -274,7 +274,7 @@ def finish(state: Store, cmd: FinishRuns) -> dict[str, Any]:
         if run["node"] == cmd.node and run["finished_us"] == r.get("finished_us") and run["outcome"] == r.get("status"):
             already.append(rid)  # the same result resubmitted after an unknown outcome: already recorded
             continue
-        if run["status"] not in ("claimed", "running") or run["node"] != cmd.node:
+        if run["status"] not in HELD or run["node"] != cmd.node:
             # Principle 5: a late result is recorded but decides nothing.
             late: LateResult = {"status": r.get("status"), "finished_us": r.get("finished_us")}
             state.runs[rid] = {**run, "late_result": late}
@@ -338,7 +338,7 @@ def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node
     lost: list[RunRecord] = []
     for rid in run_ids:
         run = state.runs.get(rid)
-        if run is None or run["status"] not in ("claimed", "running") or (node is not None and run["node"] != node):
+        if run is None or run["status"] not in HELD or (node is not None and run["node"] != node):
             continue
         job = state.job(run["job"])
         new: RunRecord = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 from .commands import Claim
 from .instants import from_us, us
 from .model import Job
-from .runs import RunRecord, StatusName, TriggerName
+from .runs import AWAITING_RETRY, BUSY, RunRecord, StatusName, TriggerName
 from .sections import CatchupPolicy, Concurrency, ExecutorKind
 
 __all__ = ["NodeInfo", "PlanConfig", "JobPlan", "Picker", "plan_job", "walk_from_us", "next_slot_us", "upcoming", "due_retries",
@@ -186,7 +186,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int
     else:
         run_late = []
         _record(plan, job, within, "skipped", "catchup", "catch-up policy none", cfg)
-    busy: list[RunRecord | _ThisTick] = [r for r in active if r["status"] in ("claimed", "running", "retrying", "lost")]
+    busy: list[RunRecord | _ThisTick] = [r for r in active if r["status"] in BUSY]
     due: list[tuple[int, TriggerName]] = [(s, "catchup") for s in run_late] + [(s, "schedule") for s in timely]
     if job.concurrency is Concurrency.REPLACE and len(due) > 1:
         # Several slots due at once would replace each other in the same instant: run the newest.
@@ -250,7 +250,7 @@ def due_retries(runs: list[RunRecord], jobs: dict[str, Job], now_us: int, picker
     """
     claims = []
     for run in runs:
-        if run["status"] not in ("retrying", "lost") or run["next"] is not None:
+        if run["status"] not in AWAITING_RETRY or run["next"] is not None:
             continue
         if run["retry_at_us"] is None or run["retry_at_us"] > now_us + horizon_us:
             continue

@@ -115,6 +115,12 @@ FOLLOWS: Mapping[Trigger, frozenset[RunStatus]] = MappingProxyType({
 """The statuses of the attempt a new attempt of the same slot may follow, by its trigger."""
 
 ACTIVE = frozenset(TRANSITIONS)
+HELD = frozenset({_S.CLAIMED, _S.RUNNING})
+"""Attempts a node holds: claimed for it, or running on it (its reports and leases apply)."""
+AWAITING_RETRY = FOLLOWS[Trigger.RETRY]
+"""Attempts whose slot a retry may still take (``retrying``, or ``lost`` with its lease)."""
+BUSY = HELD | AWAITING_RETRY
+"""Attempts that keep a job busy for its concurrency policy."""
 TERMINAL = frozenset(RunStatus) - ACTIVE
 SCHEDULED = frozenset({Trigger.SCHEDULE, Trigger.CATCHUP})
 """Triggers of slots the schedule decides (at most once each); the others name a request or a run."""

@@ -46,7 +46,7 @@ from .instants import from_us, us
 from .ledger import MAX_CLAIMS_PER_ENTRY
 from .planner import fire_at_us
 from .redaction import scrub_urls
-from .runs import RunRecord
+from .runs import HELD, RunRecord
 from .service import Service
 from .skew import ClusterTime, estimated_lead_us, leader_lead_us, not_before_local_us
 from .state import Applied
@@ -372,7 +372,7 @@ class Worker:
         orphans = tuple(
             rid for rid in list(self.state.active)
             if (r := self.state.runs.get(rid)) is not None and r["node"] == self.me
-            and r["status"] in ("claimed", "running") and r["token"] // MAX_CLAIMS_PER_ENTRY <= replay_upto
+            and r["status"] in HELD and r["token"] // MAX_CLAIMS_PER_ENTRY <= replay_upto
         )
         if not orphans:
             return

@@ -26,7 +26,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +37,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from api.app import create_app, openapi_document
 from api.context import ApiContext, Tokens
-from raftlog import ApplyContext, Bridge, NodeConfig, RaftNode
-from raftlog.node import FAIL_REASON
+from raftlog import ApplyContext, Bridge, ClockEstimate, NodeConfig, RaftNode
+from raftlog.node import FAIL_REASON, NodeStatus
 from scheduler.clock import SystemClock
 from scheduler.commands import (
     Claim,
@@ -291,8 +291,31 @@ class OneReplica:
         self.index += 1
         callback(self.state.apply(payload, ApplyContext(index=self.index)), FAIL_REASON.SUCCESS)
 
+    def add_member(self, raft_addr: str, callback: Callable[[Any, int], None]) -> None:
+        callback(None, FAIL_REASON.REQUEST_DENIED)  # one fixed replica: no membership to change
+
+    def remove_member(self, raft_addr: str, callback: Callable[[Any, int], None]) -> None:
+        callback(None, FAIL_REASON.REQUEST_DENIED)
+
     def is_leader(self) -> bool:
         return True
 
     def leader(self) -> str:
         return "mem:1"
+
+    def leader_contact_age(self) -> float:
+        return 0.0
+
+    def status(self) -> NodeStatus:
+        return NodeStatus(raft_addr="mem:1", state="leader", leader="mem:1", term=1, commit_index=self.index,
+                          applied_index=self.index, has_quorum=True, raft_thread_alive=True)
+
+    @property
+    def replay_upto(self) -> int:
+        return 0
+
+    def clock_offset_to_leader(self) -> ClockEstimate | None:
+        return ClockEstimate(0.0, 0.0, 0.0)
+
+    def member_clocks(self) -> Mapping[str, ClockEstimate]:
+        return {"mem:1": ClockEstimate(0.0, 0.0, 0.0)}

@@ -28,7 +28,7 @@ async def _one_failed_delivery(webhook: str) -> dict[str, Any]:
     state = State()
     node = OneReplica(state)
     clock = SystemClock()
-    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")  # type: ignore[arg-type]
+    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")
     await service.propose(RegisterNode(at_us=1, node_id="n2", raft_addr="mem:2", http_addr="x"))
     await service.propose(NodeClock(at_us=2_000_000, node="n2", offset_us=3_000_000, error_us=4_000, skewed=True,
                                     leader="n1", term=1, reason="its clock is +3.000s from the leader's"))

@@ -40,7 +40,7 @@ async def test_clock_skew_alert_is_posted_to_the_default_webhook() -> None:
     state = State()
     node = OneReplica(state)
     clock = SystemClock()
-    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")  # type: ignore[arg-type]
+    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")
     default, to_default = await _receiver()
     own, to_job = await _receiver()
     try:

@@ -68,6 +68,12 @@ class MemoryNode:
                 hook(result)
         callback(result, FAIL_REASON.SUCCESS)
 
+    def add_member(self, raft_addr: str, callback: Callable[[Any, int], None]) -> None:
+        callback(None, FAIL_REASON.REQUEST_DENIED)  # one fixed replica: no membership to change
+
+    def remove_member(self, raft_addr: str, callback: Callable[[Any, int], None]) -> None:
+        callback(None, FAIL_REASON.REQUEST_DENIED)
+
     def is_leader(self) -> bool:
         return self._leading
 

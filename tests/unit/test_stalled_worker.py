@@ -48,7 +48,7 @@ async def _worker_with_claim(slot_in: float, lease: float, *, claimed_in: float 
     clock = FakeClock(T0)
     state = State()
     node = MemoryNode(state)
-    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")  # type: ignore[arg-type]
+    service = Service(state, node, Bridge(node, asyncio.get_running_loop()), clock, "n1")
     await service.propose(RegisterNode(at_us=us(T0), node_id="n1", raft_addr="mem:1", http_addr="mem:2"))
     await service.propose(PutJob(at_us=us(T0), spec=parse_job(JOB).to_doc()))
     rec = Recorder()
