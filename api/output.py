@@ -288,8 +288,7 @@ def _spec_fields(spec: dict[str, Any]) -> list[tuple[str, Any]]:
          if isinstance(depends, dict) else None),
         ("Alerts", f"{alerts.get('webhook', '-')} on {','.join(alerts.get('on') or [])}"
          if isinstance(alerts, dict) else None),
-        ("History", f"keep {(spec.get('history') or {}).get('keep')}"
-         if spec.get("history") else None),
+        ("History", _history_line(spec.get("history")) if spec.get("history") else None),
     ]
 
 
@@ -380,3 +379,10 @@ def describe_run(run: dict[str, Any], now: datetime, tz: tzinfo | None = None) -
     lines.append("Output:" + ("" if output else " (none)"))
     lines += ["  " + line for line in output.splitlines()]
     return "\n".join(lines)
+
+
+def _history_line(history: Any) -> str:
+    line = f"keep {history.get('keep')}"
+    if history.get("max_age"):
+        line += f", max age {history['max_age']}"
+    return line

@@ -79,7 +79,7 @@ JOB_DOCUMENT = _obj({
         "after_failures": {"type": "integer", "minimum": 1, "maximum": 10000},
         "late_after": _DURATION,
     }),
-    "history": _obj({"keep": {"type": "integer", "minimum": 1, "maximum": 10000}}),
+    "history": _obj({"keep": {"type": "integer", "minimum": 1, "maximum": 10000}, "max_age": _DURATION}),
 }, ("executor",))
 
 _T = {"type": "string", "format": "date-time", "nullable": True}

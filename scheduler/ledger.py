@@ -35,7 +35,7 @@ from .store import Store
 
 __all__ = [
     "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "withdraw_claims", "trim",
-    "drop_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
+    "drop_history", "expire_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
 ]
 
 MAX_CLAIMS_PER_ENTRY = 65536
@@ -429,6 +429,38 @@ def drop_history(state: Store, job: str) -> int:
         state.active.pop(rid, None)
         state.dead.pop(rid, None)
     return len(ids)
+
+
+def expire_history(state: Store, job_name: str, cutoff_us: int) -> int:
+    """Drop the job's oldest records whose attempt ended before ``cutoff_us`` (``history.max_age``).
+
+    Oldest first, up to the first record that ended at or after the cutoff: a sweep costs
+    the records it drops, not the job's whole history. Attempts in flight and dead letters
+    are kept (and passed over) whatever their age. Returns how many records went."""
+    ids = state.job_runs.get(job_name)
+    if not ids:
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for i, rid in enumerate(ids):
+        run = state.runs.get(rid)
+        if rid in state.active or rid in state.dead:
+            kept.append(rid)
+            continue
+        if run is not None and _ended_us(run) >= cutoff_us:
+            kept.extend(ids[i:])
+            break
+        state.runs.pop(rid, None)
+        dropped += 1
+    if dropped:
+        state.job_runs[job_name] = kept
+    return dropped
+
+
+def _ended_us(run: RunRecord) -> int:
+    """When an attempt ended; a slot decided without running ended when it was decided."""
+    finished = run["finished_us"]
+    return finished if finished is not None else run["claimed_us"]
 
 
 def trim(state: Store, job_name: str) -> None:

@@ -245,10 +245,18 @@ class Alerts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class History:
+    """How much of a job's run history is kept: at most ``keep`` records, and none whose
+    attempt ended more than ``max_age`` seconds ago (None: kept by count alone). Attempts in
+    flight and dead letters are kept whatever their age or count."""
+
     keep: int = 100
+    max_age: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        return {"keep": self.keep}
+        doc: dict[str, Any] = {"keep": self.keep}
+        if self.max_age is not None:
+            doc["max_age"] = format_duration(self.max_age)
+        return doc
 
 
 def parse_http(f: Fields) -> HttpSpec | None:
@@ -372,8 +380,21 @@ def parse_alerts(f: Fields) -> Alerts:
     )
 
 
+HISTORY_MAX_AGE_RANGE = (60.0, 3650 * 86400.0)
+"""``history.max_age`` bounds: a minute (records are swept once a minute) to ten years."""
+
+
 def parse_history(f: Fields) -> History:
-    s = f.section("history", ("keep",))
+    s = f.section("history", ("keep", "max_age"))
     if s is None:
         return History()
-    return History(keep=s.integer("keep", 100, lo=1, hi=10000))
+    keep = s.integer("keep", 100, lo=1, hi=10000)
+    max_age: float | None = None
+    if s.data.get("max_age") is not None:
+        seconds = s.duration("max_age", -1.0)  # -1: not a duration, already reported
+        lo, hi = HISTORY_MAX_AGE_RANGE
+        if lo <= seconds <= hi:
+            max_age = seconds
+        elif seconds != -1.0:
+            s.error("max_age", f"must be between {format_duration(lo)} and {format_duration(hi)}")
+    return History(keep=keep, max_age=max_age)

@@ -53,6 +53,8 @@ __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION"]
 
 log = logging.getLogger("raftcron.state")
 SNAPSHOT_VERSION = 1
+HISTORY_SWEEP_US = 60_000_000
+"""How often (in the applied entries' own time) records past their job's ``history.max_age`` go."""
 _CHUNK = 2000  # records packed per chunk, so a snapshot thread yields the GIL often
 
 
@@ -114,7 +116,19 @@ class State(Store):
         self.applied_index = ctx.index
         if isinstance(result, Rejected):
             return result
+        if cmd.at_us >= self.history_sweep_us and self.aged_jobs():
+            self._sweep_history(cmd.at_us)
         return Applied(cmd, ctx.index, result)
+
+    def _sweep_history(self, now_us: int) -> None:
+        """At most once a minute of the entries' own time, on every replica at the same entry:
+        drop the records older than their job's ``history.max_age`` (``ledger.expire_history``)."""
+        self.history_sweep_us = now_us + HISTORY_SWEEP_US
+        for name, max_age_us in self.aged_jobs().items():
+            try:
+                ledger.expire_history(self, name, now_us - max_age_us)
+            except Exception:  # noqa: BLE001 - same on all replicas; one job's records must not stop the sweep
+                log.exception("expiring the history of %s failed", name)
 
     def _dispatch(self, cmd: Command, index: int) -> Any:
         match cmd:
@@ -207,7 +221,7 @@ class State(Store):
                 rec["spec_since_us"] = at_us
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
-        self._dependents = None
+        self.jobs_changed()
         if old is not None:
             cancelled = self._edited(job.name, old["spec"], spec, at_us, moved)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
@@ -294,7 +308,7 @@ class State(Store):
             return Rejected("not_found", f"no job named {cmd.name!r}")
         del self.jobs[cmd.name]
         self._parsed.pop(cmd.name, None)
-        self._dependents = None
+        self.jobs_changed()
         removed = ledger.drop_history(self, cmd.name)
         self.notes.pop(cmd.name, None)
         for key in [k for k, d in self.pending_deps.items() if d["job"] == cmd.name]:
@@ -383,7 +397,7 @@ class State(Store):
         """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
         sections: list[tuple[str, list[Any]]] = [
             ("meta", [{"v": SNAPSHOT_VERSION, "applied_index": self.applied_index, "last_noop": self.last_noop,
-                       "alert_seq": self.alert_seq}]),
+                       "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
             ("jobs", list(self.jobs.items())),
             ("nodes", list(self.nodes.items())),
             ("runs", list(self.runs.items())),
@@ -422,6 +436,7 @@ class State(Store):
         self.notes = {k: list(v) for k, v in sections.get("notes", [])}
         self.alerts = dict(sections.get("alerts", []))
         self.alert_seq = int(meta.get("alert_seq", 0))
+        self.history_sweep_us = int(meta.get("history_sweep_us", 0))  # absent from older snapshots
         self.clocks = dict(sections.get("clocks", []))  # absent from snapshots older than the section
 
 

@@ -35,6 +35,8 @@ class Store:
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
+        self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
+        self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
 
     def job(self, name: str) -> Job | None:
         """The parsed job; parsing is pure, so the cache is the same on every replica."""
@@ -61,6 +63,22 @@ class Store:
                     index.setdefault(job.depends_on.job, []).append(name)
             self._dependents = index
         return self._dependents.get(upstream, [])
+
+    def aged_jobs(self) -> dict[str, int]:
+        """Jobs whose ``history.max_age`` is set, with it in microseconds, in job order."""
+        if self._aged is None:
+            aged: dict[str, int] = {}
+            for name in self.jobs:
+                job = self.job(name)
+                if job is not None and job.history.max_age is not None:
+                    aged[name] = int(job.history.max_age * 1_000_000)
+            self._aged = aged
+        return self._aged
+
+    def jobs_changed(self) -> None:
+        """Forget what is derived from the set of job documents (a job was stored or deleted)."""
+        self._dependents = None
+        self._aged = None
 
     def note(self, job: str, entry: dict[str, Any]) -> None:
         notes = self.notes.setdefault(job, [])

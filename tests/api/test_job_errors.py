@@ -53,3 +53,16 @@ async def test_a_job_whose_view_cannot_be_computed_answers_200_with_its_error(ap
     finally:
         api.state.jobs[name] = rec
         api.state._parsed.pop(name, None)
+
+
+async def test_history_max_age_is_stored_as_written_and_a_bad_one_is_a_400_naming_it(api: Cluster) -> None:
+    name = api.name("aged")
+    resp = await api.client.put(f"/v1/jobs/{name}", json=api.doc(name, history={"keep": 10, "max_age": "2s"}))
+    err = await api.error(resp, 400, "history.max_age", code="invalid")
+    assert "between 1m and 3650d" in err["message"]
+    assert name not in api.state.jobs
+    resp = await api.client.put(f"/v1/jobs/{name}", json=api.doc(name, history={"keep": 10, "max_age": "720h"}))
+    assert resp.status in (200, 201), await resp.text()
+    got = await (await api.client.get(f"/v1/jobs/{name}")).json()
+    assert got["spec"]["history"] == {"keep": 10, "max_age": "30d"}
+    assert api.state.aged_jobs() == {**api.state.aged_jobs(), name: 30 * 86_400 * 1_000_000}

@@ -39,7 +39,7 @@ FULL_HTTP: dict[str, Any] = {
     "concurrency": "forbid", "delivery": "at-most-once", "catchup": {"policy": "all", "window": "1h"},
     "target": {"tags": {"zone": "a"}, "count": 2}, "depends_on": {"job": "extract", "on": "any"},
     "alerts": {"webhook": HOOK, "on": ["failure", "late"], "after_failures": 2, "late_after": "30s"},
-    "history": {"keep": 50},
+    "history": {"keep": 50, "max_age": "30d"},
 }
 FULL_SHELL: dict[str, Any] = {
     **{k: v for k, v in FULL_HTTP.items() if k != "http"}, "executor": "shell",

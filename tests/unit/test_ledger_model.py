@@ -222,16 +222,19 @@ class LedgerModel(RuleBasedStateMachine):
           paused=st.sampled_from((False, False, True)), concurrency=st.sampled_from(("allow", "allow", "forbid", "replace")),
           catchup=st.sampled_from(("all", "latest", "none")), window=st.sampled_from(("20s", "5m", "1h")),
           upstream=st.one_of(st.none(), st.sampled_from(NAMES)), retries=st.integers(0, 1),
-          delivery=st.sampled_from(("at-least-once", "at-most-once")), via=st.sampled_from(NODES))
+          delivery=st.sampled_from(("at-least-once", "at-most-once")), via=st.sampled_from(NODES),
+          max_age=st.sampled_from((None, None, "1m")))
     def put(self, name: str, schedule: str, zone: str, starts: int | None, ends: int | None, paused: bool,
             concurrency: str, catchup: str, window: str, upstream: str | None, retries: int, delivery: str,
-            via: str) -> None:
+            via: str, max_age: str | None) -> None:
         at = self.reached(via)
         doc: dict[str, Any] = {
             "name": name, "schedule": schedule, "timezone": zone, "paused": paused, "executor": "http",
             "http": {"url": "https://sink.test/x"}, "concurrency": concurrency, "delivery": delivery,
             "catchup": {"policy": catchup, "window": window}, "retries": {"max": retries, "backoff": "1s"},
         }
+        if max_age is not None:
+            doc["history"] = {"keep": 100, "max_age": max_age}
         if starts is not None:
             doc["starts_at"] = iso(at - at % SEC + starts * 10 * SEC)
         if ends is not None and (starts is None or ends * 60 > starts * 10):

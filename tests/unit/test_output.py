@@ -118,6 +118,13 @@ def test_describe_job_shows_next_slots_in_its_zone_and_utc() -> None:
     assert "Recent runs:" in text and "r1" in text.split("Recent runs:")[1]
 
 
+def test_describe_job_shows_the_history_it_keeps() -> None:
+    aged = {**JOB, "spec": {**JOB["spec"], "history": {"keep": 10, "max_age": "30d"}}}
+    assert "History:      keep 10, max age 30d" in output.describe_job(aged, [], NOW, UTC)
+    counted = {**JOB, "spec": {**JOB["spec"], "history": {"keep": 10}}}
+    assert "History:      keep 10\n" in output.describe_job(counted, [], NOW, UTC)
+
+
 def test_describe_job_without_runs_or_slots() -> None:
     bare = {"name": "x", "spec": {"schedule": "@manually"}, "status": {}}
     text = output.describe_job(bare, [], NOW, UTC)

@@ -49,7 +49,7 @@ VARIANTS: list[dict[str, Any]] = [
     {},
     {"retries": {"max": 1, "backoff": "1s"}, "history": {"keep": 3}, "delivery": "at-most-once"},
     {"concurrency": "forbid", "target": {"count": 2}, "history": {"keep": 2}},
-    {"retries": {"max": 2, "backoff": "2s", "factor": 3}, "history": {"keep": 4}, "paused": False},
+    {"retries": {"max": 2, "backoff": "2s", "factor": 3}, "history": {"keep": 4, "max_age": "1m"}, "paused": False},
 ]
 
 
