@@ -18,6 +18,7 @@ long and does no I/O.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
@@ -67,11 +68,12 @@ class WorkerGauges(Protocol):
 
 class Metrics:
     def __init__(self, *, node_id: str, state: State, raft: Callable[[], NodeStatus],
-                 worker: WorkerGauges | None = None) -> None:
+                 worker: WorkerGauges | None = None, unplanned: Callable[[], int] | None = None) -> None:
         self.node_id = node_id
         self.state = state
         self.raft = raft
         self.worker = worker
+        self.unplanned = unplanned
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.runs = Counter(PREFIX + "runs", "Runs that entered a status (by job), from entries applied on "
@@ -217,6 +219,11 @@ class _ScrapeCollector:
         jobs.add_metric(("active",), len(state.jobs) - paused)
         jobs.add_metric(("paused",), paused)
         yield jobs
+        yield _gauge("leader_unplanned_jobs", "On the leader, jobs whose next slot it has not planned yet since "
+                     "it took office (0 once every job's is known, and on followers)",
+                     m.unplanned() if m.unplanned is not None else 0)
+        yield _gauge("gc_frozen_objects", "Objects moved out of the collector's walks (the state restored or "
+                     "long-lived after a slow full collection)", gc.get_freeze_count())
         yield _gauge("dead_letters", "Runs in the dead-letter list", len(state.dead))
         yield _gauge("active_runs", "Ledger runs claimed, running or awaiting a retry", len(state.active))
         w = m.worker

@@ -51,6 +51,7 @@ from pysyncobj.config import FAIL_REASON
 from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
 from .codec import CodecError
 from .fsm import ApplyContext, StateMachine
+from .heap import quiet_restore
 from .host import _Host
 from .journal import _DurableJournal, align_to_snapshot, journal_factory
 from .listener import raise_fd_limit
@@ -335,7 +336,8 @@ class RaftNode:
         # a node restarted from a snapshot then counted itself among its peers, needed three
         # votes of four to win an election and could not be elected by one other survivor.
         cluster = [member for member in cluster if member != self.config.raft_addr]
-        self._fsm.restore(fsm_bytes)
+        with quiet_restore():
+            self._fsm.restore(fsm_bytes)
         log.info("state restored from snapshot at index %d", last[1])
         if self._on_restored is not None:
             try:

@@ -81,6 +81,7 @@ class LeaderLoop:
         self._unreachable_since: dict[str, float] = {}
         self._picker: Picker | None = None
         self._scanned = float("-inf")
+        self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -110,7 +111,8 @@ class LeaderLoop:
         # Every job is due at the first tick: 0, not this node's wall clock, which a leader far
         # from its followers does not plan by (its first ticks would wait until the planning
         # instant caught up with its own clock: 30 s of nothing, seen with a clock 30 s fast).
-        for name in list(self.state.jobs):
+        self._unplanned = set(self.state.jobs)
+        for name in self._unplanned:
             heapq.heappush(self._heap, (0, name))
         while self.svc.node.is_leader() and self.svc.node.status().term == term:
             try:
@@ -123,6 +125,11 @@ class LeaderLoop:
                 await self.clock.sleep(self.cfg.tick)
             await self._sleep()
         log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
+
+    def unplanned(self) -> int:
+        """Jobs whose next decision this leader does not know yet: every job until the loop
+        has begun, then those its ticks have not planned (0: every job's next slot is known)."""
+        return len(self.state.jobs) if self._unplanned is None else len(self._unplanned)
 
     async def _barrier(self) -> int | None:
         while self.svc.node.is_leader():
@@ -205,6 +212,8 @@ class LeaderLoop:
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
         ok = await self._commit(claims, summaries, cancel, now)
+        if ok and self._unplanned:
+            self._unplanned.difference_update(names)
         await self._record_planning(recorded, now)
         for name, due in next_due.items():
             if not ok:

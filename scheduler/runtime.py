@@ -158,6 +158,12 @@ class SchedulerRuntime:
         """A leader loop (or its restart) is in charge on this node now."""
         return self._lead_task is not None and not self._lead_task.done()
 
+    def unplanned_jobs(self) -> int:
+        """On the leader, the jobs whose next slot its loop does not know yet; 0 elsewhere."""
+        if not self.leading:
+            return 0
+        return self.leader.unplanned() if self.leader is not None else len(self.state.jobs)
+
     def trusted_live(self) -> set[str]:
         """``live`` less the nodes whose clock the cluster recorded as skewed (API picks)."""
         return trusted(self.live(), self.state.clocks)

@@ -221,7 +221,7 @@ class State(Store):
                 rec["spec_since_us"] = at_us
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
-        self.jobs_changed()
+        self.job_stored(job)
         if old is not None:
             cancelled = self._edited(job.name, old["spec"], spec, at_us, moved)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}
@@ -308,7 +308,7 @@ class State(Store):
             return Rejected("not_found", f"no job named {cmd.name!r}")
         del self.jobs[cmd.name]
         self._parsed.pop(cmd.name, None)
-        self.jobs_changed()
+        self.job_deleted(cmd.name)
         removed = ledger.drop_history(self, cmd.name)
         self.notes.pop(cmd.name, None)
         for key in [k for k, d in self.pending_deps.items() if d["job"] == cmd.name]:

@@ -65,7 +65,8 @@ class Store:
         return self._dependents.get(upstream, [])
 
     def aged_jobs(self) -> dict[str, int]:
-        """Jobs whose ``history.max_age`` is set, with it in microseconds, in job order."""
+        """Jobs whose ``history.max_age`` is set, with it in microseconds: built once from every
+        job (after a restore), then kept in step by ``job_stored`` and ``job_deleted``."""
         if self._aged is None:
             aged: dict[str, int] = {}
             for name in self.jobs:
@@ -75,10 +76,19 @@ class Store:
             self._aged = aged
         return self._aged
 
-    def jobs_changed(self) -> None:
-        """Forget what is derived from the set of job documents (a job was stored or deleted)."""
+    def job_stored(self, job: Job) -> None:
+        """Keep what is derived from the job documents in step with one stored job."""
         self._dependents = None
-        self._aged = None
+        if self._aged is not None:
+            if job.history.max_age is not None:
+                self._aged[job.name] = int(job.history.max_age * 1_000_000)
+            else:
+                self._aged.pop(job.name, None)
+
+    def job_deleted(self, name: str) -> None:
+        self._dependents = None
+        if self._aged is not None:
+            self._aged.pop(name, None)
 
     def note(self, job: str, entry: dict[str, Any]) -> None:
         notes = self.notes.setdefault(job, [])

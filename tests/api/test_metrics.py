@@ -34,7 +34,7 @@ FAMILIES = {
     "raftcron_elections": "counter", "raftcron_lease_expiries": "counter", "raftcron_retries": "counter",
     "raftcron_dead_letters": "gauge", "raftcron_alert_deliveries": "counter",
     "raftcron_api_request_duration_seconds": "histogram", "raftcron_worker_pending_reports": "gauge",
-    "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge",
+    "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge", "raftcron_gc_frozen_objects": "gauge",
 }
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.commands import Noop, PutJob
+from scheduler.commands import DeleteJob, Noop, PutJob
 from scheduler.errors import ValidationFailed
 from scheduler.model import parse_job
-from scheduler.state import HISTORY_SWEEP_US
+from scheduler.state import HISTORY_SWEEP_US, State
 from tests.unit.conftest import SEC, Harness, job_doc, slot
 
 DAY = 86_400 * SEC
@@ -139,3 +139,16 @@ def test_a_state_without_aged_jobs_never_moves_its_sweep_instant(h: Harness) -> 
     _ran(h, "ping", 1)
     _tick(h, slot(100))
     assert h.state.history_sweep_us == 0  # snapshots of clusters that never set max_age are as before
+
+
+def test_the_aged_job_index_follows_edits_and_deletes_as_a_rebuild_would(h: Harness) -> None:
+    h.put("a", history={"max_age": "1h"})
+    assert h.state.aged_jobs() == {"a": 3_600 * SEC}
+    h.put("b", history={"max_age": "2h"})
+    h.put("a", at_us=slot(1), history={"keep": 3})  # unset
+    h.put("c")
+    h.put("c", at_us=slot(2), history={"max_age": "1d"})  # set by an edit
+    h.ok(DeleteJob(at_us=slot(3), name="b"))
+    rebuilt = State()
+    rebuilt.restore(h.state.snapshot_bytes())
+    assert h.state.aged_jobs() == rebuilt.aged_jobs() == {"c": 86_400 * SEC}

@@ -1,0 +1,225 @@
+"""One cluster at scale: 100,000 jobs loaded, against the same cluster empty, in one run.
+
+On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
+
+1. empty: each agent's RSS, and the write rate of ``--writes`` single PUTs of new jobs at
+   ``--inflight`` in flight (the reference);
+2. ``--jobs`` jobs loaded through ``POST /v1/jobs:batch`` (hourly crons at minute ``i % 60``,
+   labels ``team=t0..t9``), a prober in its own process reading ``/v1/health`` on every node
+   every 50 ms from here to the end of step 4;
+3. loaded: the same write rate measured again (its ratio to the reference is the figure),
+   the first page of ``GET /v1/jobs?limit=100`` and of a label-filtered page
+   (``label=team=t3``), 20 times each, ``raftcron get jobs -l team=t3 -o json`` (a process:
+   10 % of the jobs, every page), each agent's RSS and the bytes per job it adds;
+4. kill -9 of all three, start all three: seconds to the first committed write, and to the
+   leader knowing every job's next slot (``raftcron_leader_unplanned_jobs`` reaching 0), the
+   RSS after the restart.
+
+    python -m bench.scale                 # 100,000 jobs, 2 repetitions (~10 minutes)
+    python -m bench.scale --quick         # 10,000 jobs, 1 repetition
+
+The JSON goes to bench/results/scale.json (``--ab NAME``: also bench/ab/NAME.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import aiohttp
+
+from tests.cluster.harness import ROOT, Cluster, wait_for
+
+from .bulk import AB, Prober, _send, jobs_held, load_batches, rss_mb
+from .failover import _first_write
+from .rig import common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
+
+
+def _doc(name: str) -> dict[str, Any]:
+    return {"name": name, "schedule": "@daily", "executor": "http", "http": {"url": "http://127.0.0.1:9/never"},
+            "timeout": "5s"}
+
+
+async def write_rate(base: str, prefix: str, writes: int, inflight: int) -> dict[str, Any]:
+    """``writes`` PUTs of new jobs, ``inflight`` at a time: jobs/s and latencies."""
+    counter = itertools.count()
+    lat: list[float] = []
+    errors: list[str] = []
+
+    async def worker(s: aiohttp.ClientSession) -> None:
+        while (i := next(counter)) < writes:
+            name = f"{prefix}-{i:06d}"
+            t0 = time.perf_counter()
+            status, payload = await _send(s, "PUT", f"{base}/v1/jobs/{name}", _doc(name))
+            lat.append(time.perf_counter() - t0)
+            if status not in (200, 201):
+                errors.append(f"{status}: {str(payload)[:200]}")
+
+    connector = aiohttp.TCPConnector(limit=inflight)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker(s) for _ in range(inflight)))
+        elapsed = time.monotonic() - t0
+    return {"rate": (writes - len(errors)) / elapsed, "seconds": round(elapsed, 2), "p50": pct(lat, 50),
+            "p99": pct(lat, 99), "errors": errors[:5]}
+
+
+async def page_times(url: str, count: int) -> dict[str, Any]:
+    times: list[float] = []
+    items = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            async with s.get(url) as resp:
+                body = await resp.json()
+                assert resp.status == 200, body
+            times.append(time.perf_counter() - t0)
+            items = len(body["items"])
+    return {"p50": pct(times, 50), "max": max(times), "items": items}
+
+
+def cli_list(server: str, selector: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "api.cli", "--server", server, "get", "jobs", "-l", selector,
+                          "-o", "json"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "api.cli", "--help"], cwd=ROOT, capture_output=True, timeout=60)
+    startup = time.perf_counter() - t0
+    return {"seconds": seconds, "python_startup_s": startup, "returncode": out.returncode,
+            "jobs": out.stdout.count('"name":') if out.returncode == 0 else None, "stderr": out.stderr[-300:]}
+
+
+def unplanned(node_url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(node_url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("raftcron_leader_unplanned_jobs "):
+            return int(float(line.split()[1]))
+    return None
+
+
+def restart_all(cluster: Cluster, k: int) -> dict[str, Any]:
+    for n in cluster.nodes:
+        assert n.proc is not None
+        n.proc.kill()
+    for n in cluster.nodes:
+        assert n.proc is not None
+        n.proc.wait(10)
+    start = time.monotonic()
+    for n in cluster.nodes:
+        n.start()
+    first = asyncio.run(_first_write(cluster.nodes, start, f"restart{k}", bound=120.0))
+    leader = leader_of(cluster, timeout=60)
+    planned_s = None
+    try:
+        wait_for("the leader to know every job's next slot", lambda: unplanned(leader.url) == 0, timeout=120,
+                 interval=0.1)
+        planned_s = time.monotonic() - start
+    except AssertionError:
+        pass
+    return {"first_write_s": first.get("seconds"), "all_planned_s": planned_s, "leader": leader.name,
+            "answers": first.get("answers")}
+
+
+def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
+    leader = leader_of(cluster)
+    out: dict[str, Any] = {"repeat": r, "load_before": load()}
+    out["rss_empty_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    out["writes_empty"] = asyncio.run(write_rate(leader.url, f"ref-empty-{r}", a.writes, a.inflight))
+    with Prober([n.url for n in cluster.nodes], 0.05, 10.0) as prober:
+        out["bulk"] = asyncio.run(load_batches(leader.url, a.jobs, 1000, 2))
+        expected = a.jobs + a.writes
+        try:
+            wait_for(f"every node holding {expected} jobs",
+                     lambda: all(jobs_held(n.url) == expected for n in cluster.nodes), timeout=180, interval=1.0)
+        except AssertionError:
+            pass
+        out["jobs_held"] = {n.name: jobs_held(n.url) for n in cluster.nodes}
+        out["writes_loaded"] = asyncio.run(write_rate(leader.url, f"ref-loaded-{r}", a.writes, a.inflight))
+        out["first_page"] = asyncio.run(page_times(leader.url + "/v1/jobs?limit=100", 20))
+        out["label_page"] = asyncio.run(page_times(leader.url + "/v1/jobs?limit=100&label=team=t3", 20))
+        out["cli_label"] = cli_list(leader.url, "team=t3")
+    health = prober.result()
+    out["health"] = {n.name: health[n.url] for n in cluster.nodes}
+    out["worst_health"] = max((h["max"] for h in health.values() if h["max"] is not None), default=None)
+    out["rss_loaded_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    added = [out["rss_loaded_mb"][k] - out["rss_empty_mb"][k] for k in out["rss_loaded_mb"]
+             if out["rss_loaded_mb"][k] is not None and out["rss_empty_mb"].get(k) is not None]
+    out["bytes_per_job"] = median_of([x * 1024 * 1024 / (a.jobs + 2 * a.writes) for x in added])
+    out["write_ratio"] = out["writes_loaded"]["rate"] / out["writes_empty"]["rate"]
+    out["restart"] = restart_all(cluster, r)
+    out["rss_restarted_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    out["load_after"] = load()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_args(p, repeat=2)
+    p.add_argument("--jobs", type=int, default=100_000, help="jobs loaded (default 100,000)")
+    p.add_argument("--writes", type=int, default=3000, help="single PUTs per write-rate measure (default 3,000)")
+    p.add_argument("--inflight", type=int, default=64, help="PUTs in flight (default 64)")
+    p.add_argument("--no-fsync", action="store_true", help="agents with --no-fsync")
+    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    a = p.parse_args()
+    if a.quick:
+        a.repeat, a.jobs, a.writes = 1, 10_000, 1000
+    doc: dict[str, Any] = {"benchmark": "scale", "machine": machine(), "params": vars(a), "runs": []}
+    t_start = time.monotonic()
+    for r in range(a.repeat):
+        with fresh_cluster("scale", ["--no-fsync"] if a.no_fsync else [], keep=a.keep) as cluster:
+            res = measure(cluster, a, r)
+        doc["runs"].append(res)
+        rs = res["restart"]
+        print(f"[{time.monotonic() - t_start:5.0f}s] repeat {r}: load {res['bulk']['rate']:.0f} jobs/s, worst health "
+              f"{ms(res['worst_health'])} ms, writes {res['writes_empty']['rate']:.0f} -> "
+              f"{res['writes_loaded']['rate']:.0f}/s ({res['write_ratio']:.2f}), first page "
+              f"{ms(res['first_page']['p50'])}/{ms(res['first_page']['max'])} ms, label page "
+              f"{ms(res['label_page']['p50'])}/{ms(res['label_page']['max'])} ms, CLI {res['cli_label']['seconds']:.2f} s, "
+              f"RSS {res['rss_loaded_mb']} MB, {res['bytes_per_job']:.0f} B/job, restart: first write "
+              f"{rs['first_write_s']} s, all planned {rs['all_planned_s']} s, RSS {res['rss_restarted_mb']}",
+              flush=True)
+    runs = doc["runs"]
+
+    def med(f: Any) -> float | None:
+        return median_of([f(x) for x in runs])
+
+    doc["summary"] = {
+        "bulk_jobs_per_s": med(lambda x: x["bulk"]["rate"]),
+        "worst_health_s": med(lambda x: x["worst_health"]),
+        "writes_empty_per_s": med(lambda x: x["writes_empty"]["rate"]),
+        "writes_loaded_per_s": med(lambda x: x["writes_loaded"]["rate"]),
+        "write_ratio": med(lambda x: x["write_ratio"]),
+        "first_page_p50_s": med(lambda x: x["first_page"]["p50"]),
+        "first_page_max_s": med(lambda x: x["first_page"]["max"]),
+        "label_page_p50_s": med(lambda x: x["label_page"]["p50"]),
+        "label_page_max_s": med(lambda x: x["label_page"]["max"]),
+        "cli_label_s": med(lambda x: x["cli_label"]["seconds"]),
+        "rss_loaded_mb_max": med(lambda x: max(v for v in x["rss_loaded_mb"].values() if v is not None)),
+        "rss_restarted_mb_max": med(lambda x: max(v for v in x["rss_restarted_mb"].values() if v is not None)),
+        "bytes_per_job": med(lambda x: x["bytes_per_job"]),
+        "restart_first_write_s": med(lambda x: x["restart"]["first_write_s"]),
+        "restart_all_planned_s": med(lambda x: x["restart"]["all_planned_s"]),
+    }
+    s = doc["summary"]
+    print(table(["figure", "median"], [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in s.items()]))
+    path = write_results("scale", doc)
+    if a.ab:
+        shutil.copy(path, AB / f"{a.ab}.json")
+
+
+if __name__ == "__main__":
+    main()
