@@ -8,6 +8,7 @@ Every record is replaced, never mutated in place, once stored.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from .model import Job, parse_job
@@ -35,6 +36,7 @@ class Store:
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
+        self._names: list[str] | None = None  # every job name, sorted; derived likewise
         self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
         self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
 
@@ -76,9 +78,22 @@ class Store:
             self._aged = aged
         return self._aged
 
+    def job_names(self) -> list[str]:
+        """Every job name in sorted order: built once (after a restore), then kept in step by
+        ``job_stored`` and ``job_deleted`` (an insertion costs a memmove, not a sort). Readers
+        on another thread take slices or bisect it: each is one step under the GIL."""
+        if self._names is None:
+            self._names = sorted(self.jobs)
+        return self._names
+
     def job_stored(self, job: Job) -> None:
         """Keep what is derived from the job documents in step with one stored job."""
         self._dependents = None
+        names = self._names
+        if names is not None:
+            i = bisect.bisect_left(names, job.name)
+            if i == len(names) or names[i] != job.name:
+                names.insert(i, job.name)
         if self._aged is not None:
             if job.history.max_age is not None:
                 self._aged[job.name] = int(job.history.max_age * 1_000_000)
@@ -87,6 +102,11 @@ class Store:
 
     def job_deleted(self, name: str) -> None:
         self._dependents = None
+        names = self._names
+        if names is not None:
+            i = bisect.bisect_left(names, name)
+            if i < len(names) and names[i] == name:
+                del names[i]
         if self._aged is not None:
             self._aged.pop(name, None)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -30,10 +32,8 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
     after = cursor(args)
     q = (args.get("q") or "").lower()
     now = ctx.service.cluster_now_us()
-    items = []
-    for name in sorted(list(ctx.state.jobs)):
-        if after is not None and name <= after:
-            continue
+    items: list[str] = []
+    for name in _names_after(ctx.state.job_names(), after):
         rec = ctx.state.jobs.get(name)
         if rec is None:
             continue
@@ -54,6 +54,19 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
     masked = reads_only()
     result["items"] = [v for n in result["items"] if (v := job_view(ctx.state, n, now, masked=masked)) is not None]
     return ok(result)
+
+
+def _names_after(names: list[str], after: str | None, step: int = 512) -> Iterator[str]:
+    """The sorted names after ``after``, read in slices: the raft thread may insert or delete
+    meanwhile, so each slice starts again after the last name seen, never at a stale index."""
+    last = after
+    while True:
+        start = 0 if last is None else bisect.bisect_right(names, last)
+        chunk = names[start : start + step]
+        if not chunk:
+            return
+        yield from chunk
+        last = chunk[-1]
 
 
 async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, create_only: bool) -> web.Response:

@@ -1,0 +1,57 @@
+"""The sorted job-name index the list route pages through: in step with puts, batch puts and
+deletes, equal to a sort of the jobs after any sequence, rebuilt after a restore; and a reader
+paging through it while names come and go sees every name that stays, once, in order."""
+
+from __future__ import annotations
+
+import bisect
+import random
+
+from api.routes.jobs import _names_after
+from scheduler.commands import DeleteJob, PutJobs
+from scheduler.state import State
+from tests.unit.conftest import Harness, job_doc, slot
+
+
+def test_the_index_follows_every_put_and_delete_as_a_sort_would(h: Harness) -> None:
+    rng = random.Random(1512)
+    assert h.state.job_names() == []
+    for step in range(400):
+        name = f"j{rng.randrange(60):02d}"
+        roll = rng.random()
+        if roll < 0.5:
+            h.put(name, at_us=slot(step))
+        elif roll < 0.7:
+            docs = tuple(job_doc(f"b{rng.randrange(60):02d}") for _ in range(3))
+            h.apply(PutJobs(at_us=slot(step), specs=docs))
+        elif name in h.state.jobs:
+            h.ok(DeleteJob(at_us=slot(step), name=name))
+        assert h.state.job_names() == sorted(h.state.jobs), step
+    restored = State()
+    restored.restore(h.state.snapshot_bytes())
+    assert restored.job_names() == h.state.job_names()
+
+
+def test_paging_while_names_are_inserted_and_deleted_skips_and_repeats_nothing_that_stays() -> None:
+    names = [f"n{i:04d}" for i in range(0, 2000, 2)]
+    stays = set(names[::3])
+    seen: list[str] = []
+    rng = random.Random(7)
+    for i, name in enumerate(_names_after(names, None, step=16)):
+        seen.append(name)
+        if i % 5 == 0:  # what the raft thread may do between two slices: one insert, one delete
+            new = f"n{rng.randrange(2000):04d}x"
+            if new not in names:
+                bisect.insort(names, new)
+            victim = rng.choice(names)
+            if victim not in stays:
+                names.remove(victim)
+    assert seen == sorted(set(seen)), "out of order or repeated"
+    assert stays <= set(seen)
+
+
+def test_a_page_starts_after_the_cursor_name_even_if_it_was_deleted() -> None:
+    names = ["a", "c", "e"]
+    assert list(_names_after(names, "b")) == ["c", "e"]
+    assert list(_names_after(names, "e")) == []
+    assert list(_names_after([], None)) == []
