@@ -96,6 +96,10 @@ class NodeConfig:
     fsync: bool = True
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
+    # Also snapshot once the entries applied since the last snapshot took this long to apply:
+    # a restart replays the journal, so this bounds its replay (entries are not all equal:
+    # one batch of 1,000 job documents costs what 1,000 single writes do).
+    compaction_apply_seconds: float = 3.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
     min_free: int = MIN_FREE  # a leader with less free space in data_dir hands leadership over
     # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
@@ -196,6 +200,8 @@ class RaftNode:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._snap = SnapshotWriter(fsm, config.fsync)
+        self._apply_cost = 0.0  # seconds spent applying entries since the last snapshot began
+        self._snaps_seen = 0
         self._leaderless_since: float | None = time.monotonic()
         self._last_state = "follower"
         self._last_leader: str | None = None
@@ -316,11 +322,13 @@ class RaftNode:
 
     def _apply(self, payload: bytes, index: int) -> Any:
         ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
+        began = time.perf_counter()
         try:
             result = self._fsm.apply(payload, ctx)
         except Exception:  # noqa: BLE001 - a raise here would wedge the whole cluster
             log.exception("state machine raised on entry %d; recorded as rejected", index)
             result = None
+        self._count_apply_cost(time.perf_counter() - began)
         hook = self._on_applied
         if hook is not None:
             try:
@@ -328,6 +336,19 @@ class RaftNode:
             except Exception:  # noqa: BLE001 - a raising hook makes pysyncobj re-apply the entry
                 log.exception("applied-entry hook raised on entry %d", index)
         return result
+
+    def _count_apply_cost(self, seconds: float) -> None:
+        """Ask for a snapshot once the entries applied since the last one cost
+        ``compaction_apply_seconds`` (pysyncobj starts it at its next tick)."""
+        if self._snap.started != self._snaps_seen:  # a snapshot began since: count from there
+            self._snaps_seen = self._snap.started
+            self._apply_cost = 0.0
+        self._apply_cost += seconds
+        if self._apply_cost >= self.config.compaction_apply_seconds and self._host is not None:
+            self._apply_cost = 0.0
+            log.info("entries applied since the last snapshot took %.1f s to apply: snapshot requested",
+                     self.config.compaction_apply_seconds)
+            self._host.forceLogCompaction()
 
     def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
         fsm_bytes, last, prev, cluster = read_snapshot(path)

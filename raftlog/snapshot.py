@@ -118,6 +118,7 @@ class SnapshotWriter:
         self._thread: threading.Thread | None = None
         self._pending_index = 0
         self.last_index = 0
+        self.started = 0  # snapshots begun (their state captured)
 
     def start(self, tmp_path: str, data: Any) -> None:
         """Called on the raft thread; must return quickly and never raise."""
@@ -134,6 +135,7 @@ class SnapshotWriter:
         with self._lock:
             self._state = SERIALIZER_STATE.SERIALIZING
             self._pending_index = int(last[1])
+            self.started += 1
         self._thread = threading.Thread(
             target=self._write, args=(path, chunks, header), name="raftlog-snapshot", daemon=True
         )

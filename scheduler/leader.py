@@ -60,6 +60,10 @@ class LeaderConfig:
     # Jobs decided ahead of their slot are woken on this grid, so that one tick and one
     # ClaimSlots entry serve every job that falls in the same step.
     ahead_grid: float = 0.05
+    # Jobs taken off the heap per tick. A new leader finds every job due at its first tick;
+    # planning 100,000 at once held the event loop for seconds (a first plan parses each job,
+    # ~75 us), so no API answer and no commit went out meanwhile. The rest wait a tick.
+    max_jobs_per_tick: int = 1000
 
 
 class LeaderLoop:
@@ -159,7 +163,7 @@ class LeaderLoop:
         mono = self.clock.monotonic()
         names = set(self._dirty)
         self._dirty.clear()
-        while self._heap and self._heap[0][0] <= now:
+        while self._heap and self._heap[0][0] <= now and len(names) < self.cfg.max_jobs_per_tick:
             names.add(heapq.heappop(self._heap)[1])
         scan = self._picker is None or mono - self._scanned >= self.cfg.scan
         active: list[RunRecord] = []

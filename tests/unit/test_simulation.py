@@ -257,3 +257,35 @@ async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried
         assert [a.attempt for a in fired] == [2]  # started once, by the retry
     finally:
         await sim.close()
+
+
+async def test_a_new_leader_plans_a_large_state_a_slice_per_tick_and_counts_what_is_left() -> None:
+    start = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+    sim = await _sim(start)
+    try:
+        for i in range(2500):
+            await sim.put(_job(f"j{i:04d}", "@hourly"))
+        sim.node.leading = False  # a new term: the next loop plans every job again
+        sim.task.cancel()
+        await asyncio.gather(sim.task, return_exceptions=True)
+        sim.node.term += 1
+        sim.node.leading = True
+        leader = LeaderLoop(sim.service, sim.clock, LeaderConfig(tick=0.01, lease=5.0, max_jobs_per_tick=1000),
+                            lambda: {"n1"})
+        assert leader.unplanned() == 2500  # before its barrier nothing is planned
+        left: list[int] = []
+        commit = leader._commit
+
+        async def counting(*args: Any) -> bool:
+            left.append(leader.unplanned())
+            return await commit(*args)
+
+        leader._commit = counting  # type: ignore[method-assign]
+        sim.leader = leader
+        sim.task = asyncio.create_task(leader.run(), name="leader")
+        await sim.clock.settle()
+        assert left[:3] == [2500, 1500, 500], left  # a thousand jobs a tick, the rest at the next
+        assert leader.unplanned() == 0
+        assert sim.clock.now() == start, "planned without waiting for time to pass"
+    finally:
+        await sim.close()
