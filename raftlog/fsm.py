@@ -4,6 +4,11 @@ The host (``raftlog.node``) knows nothing of what the state means: it hands
 each committed entry's bytes to ``apply`` in log order, asks for a snapshot
 when the journal is compacted, and restores one when it starts from a dump or
 a leader installs a snapshot.
+
+A state machine may also have an ``entry_weight`` attribute: how many entries the one
+it just applied counts as toward the next snapshot (``NodeConfig.compaction_entries``),
+1 when absent. A restart replays what came after the last snapshot, so an entry that
+carries a thousand records should count as a thousand.
 """
 
 from __future__ import annotations

@@ -96,10 +96,6 @@ class NodeConfig:
     fsync: bool = True
     compaction_entries: int = 20000
     compaction_seconds: float = 300.0
-    # Also snapshot once the entries applied since the last snapshot took this long to apply:
-    # a restart replays the journal, so this bounds its replay (entries are not all equal:
-    # one batch of 1,000 job documents costs what 1,000 single writes do).
-    compaction_apply_seconds: float = 3.0
     keepalive: float = 0.5  # seconds between keepalives on every raft link; under connectionTimeout
     min_free: int = MIN_FREE  # a leader with less free space in data_dir hands leadership over
     # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
@@ -200,7 +196,7 @@ class RaftNode:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._snap = SnapshotWriter(fsm, config.fsync)
-        self._apply_cost = 0.0  # seconds spent applying entries since the last snapshot began
+        self._weight = 0  # entries applied since the last snapshot began, each as heavy as its fsm says
         self._snaps_seen = 0
         self._leaderless_since: float | None = time.monotonic()
         self._last_state = "follower"
@@ -322,13 +318,12 @@ class RaftNode:
 
     def _apply(self, payload: bytes, index: int) -> Any:
         ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
-        began = time.perf_counter()
         try:
             result = self._fsm.apply(payload, ctx)
         except Exception:  # noqa: BLE001 - a raise here would wedge the whole cluster
             log.exception("state machine raised on entry %d; recorded as rejected", index)
             result = None
-        self._count_apply_cost(time.perf_counter() - began)
+        self._count_weight(getattr(self._fsm, "entry_weight", 1))
         hook = self._on_applied
         if hook is not None:
             try:
@@ -337,17 +332,19 @@ class RaftNode:
                 log.exception("applied-entry hook raised on entry %d", index)
         return result
 
-    def _count_apply_cost(self, seconds: float) -> None:
-        """Ask for a snapshot once the entries applied since the last one cost
-        ``compaction_apply_seconds`` (pysyncobj starts it at its next tick)."""
+    def _count_weight(self, weight: int) -> None:
+        """Ask for a snapshot once the entries applied since the last one weigh
+        ``compaction_entries``. An entry weighs 1 unless the state machine says more
+        (``StateMachine.entry_weight``): a batch of 1,000 job documents is one entry, and
+        100 of them never brought a snapshot by count, so a restart replayed them all (15 s
+        for 100,000 jobs). pysyncobj starts the snapshot at its next tick."""
         if self._snap.started != self._snaps_seen:  # a snapshot began since: count from there
             self._snaps_seen = self._snap.started
-            self._apply_cost = 0.0
-        self._apply_cost += seconds
-        if self._apply_cost >= self.config.compaction_apply_seconds and self._host is not None:
-            self._apply_cost = 0.0
-            log.info("entries applied since the last snapshot took %.1f s to apply: snapshot requested",
-                     self.config.compaction_apply_seconds)
+            self._weight = 0
+        self._weight += max(1, int(weight))
+        if self._weight >= self.config.compaction_entries and self._host is not None:
+            log.info("entries applied since the last snapshot weigh %d: snapshot requested", self._weight)
+            self._weight = 0
             self._host.forceLogCompaction()
 
     def _deserialize(self, path: str) -> tuple[Any, Any, Any]:

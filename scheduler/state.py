@@ -76,6 +76,7 @@ class State(Store):
         # this node notes a job it cannot plan here (message, job version, instant) so that
         # the job's view on this node shows why its slots are not being decided.
         self.planning_errors: dict[str, dict[str, Any]] = {}
+        self.entry_weight = 1  # what the last applied entry counts as toward a snapshot (raftlog.fsm)
 
     # ---- the entry point ---------------------------------------------------
 
@@ -94,6 +95,7 @@ class State(Store):
         self._offered.pop(raw, None)
 
     def apply(self, raw: bytes, ctx: ApplyContext) -> Applied | Rejected:
+        self.entry_weight = 1
         offered = self._offered.pop(raw, None) if self._offered else None
         cmd: Command
         if offered is not None:
@@ -144,6 +146,7 @@ class State(Store):
             case PutJob():
                 return self._put_job(cmd)
             case PutJobs():
+                self.entry_weight = len(cmd.specs)  # toward the next snapshot (raftlog.fsm)
                 return self._put_jobs(cmd)
             case DeleteJob():
                 return self._delete_job(cmd)

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -109,31 +107,31 @@ async def test_a_crash_between_snapshot_and_compaction_keeps_the_entries_after_i
         again.stop()
 
 
-class SlowKV(KV):
-    """Each entry costs 50 ms to apply: few entries, much replay."""
+class HeavyKV(KV):
+    """Each entry counts as 100 toward a snapshot, as a batch of 100 records would."""
 
-    def apply(self, command: bytes, ctx: Any) -> Any:
-        time.sleep(0.05)
-        return super().apply(command, ctx)
+    entry_weight = 100
 
 
-@pytest.mark.parametrize("budget", [0.3, 1e9], ids=["budget", "no-budget"])
-async def test_entries_that_cost_the_apply_budget_bring_a_snapshot_however_few(tmp_path: Path, budget: float) -> None:
-    # A batch of 1,000 job documents is one entry: counted in entries, 100 such batches never
+@pytest.mark.parametrize("weight", [100, 1], ids=["weighted", "unweighted"])
+async def test_entries_weighing_the_compaction_count_bring_a_snapshot_however_few(tmp_path: Path, weight: int) -> None:
+    # A batch of 1,000 job documents is one entry: counted as one, 100 such batches never
     # reached the 20,000 entries that bring a snapshot, and a restart replayed all of them.
     config = NodeConfig(raft_addr=f"127.0.0.1:{free_ports(1)[0]}", peers=(), data_dir=tmp_path, secret="s",
-                        compaction_entries=10**6, compaction_seconds=10**6, compaction_apply_seconds=budget)
-    node = RaftNode(config, SlowKV())
+                        compaction_entries=500, compaction_seconds=10**6)
+    fsm = HeavyKV()
+    fsm.entry_weight = weight
+    node = RaftNode(config, fsm)
     node.start()
     try:
         await asyncio.to_thread(wait_for, "the single node leading", node.is_leader, 60)
         bridge = Bridge(node, asyncio.get_running_loop())
-        for i in range(10):  # 0.5 s of applying
+        for i in range(10):  # weighing 1,000 when weighted
             await bridge.submit(b"k%d=v%d" % (i, i), 10.0)
-        if budget < 1:
+        if weight > 1:
             await asyncio.to_thread(wait_for, "a snapshot", lambda: node.status().last_snapshot_index > 0, 30)
         else:
-            await asyncio.sleep(1.0)  # deliberate: the control shows no snapshot comes without the budget
+            await asyncio.sleep(1.0)  # deliberate: the control shows no snapshot comes by count alone
             assert node.status().last_snapshot_index == 0
     finally:
         node.stop()

@@ -152,3 +152,14 @@ def test_the_aged_job_index_follows_edits_and_deletes_as_a_rebuild_would(h: Harn
     rebuilt = State()
     rebuilt.restore(h.state.snapshot_bytes())
     assert h.state.aged_jobs() == rebuilt.aged_jobs() == {"c": 86_400 * SEC}
+
+
+def test_after_a_restore_the_first_entry_parses_no_job(h: Harness) -> None:
+    for i in range(50):
+        h.put(f"j{i:02d}", history={"max_age": "1h"} if i % 2 else None)
+    fresh = Harness()
+    fresh.state.restore(h.state.snapshot_bytes())
+    fresh.index = h.index
+    _tick(fresh, slot(600))  # a sweep is due: it must find the aged jobs without parsing every job
+    assert fresh.state._parsed == {}
+    assert len(fresh.state.aged_jobs()) == 25
