@@ -224,7 +224,7 @@ class State(Store):
                 rec["spec_since_us"] = at_us
         self.jobs[job.name] = rec
         self._parsed[job.name] = job
-        self.job_stored(job)
+        self.job_stored(job, had_dependency=old is not None and old["spec"].get("depends_on") is not None)
         if old is not None:
             cancelled = self._edited(job.name, old["spec"], spec, at_us, moved)
         return {"change": change, "name": job.name, "version": rec["version"], "cancelled": cancelled}

@@ -55,3 +55,29 @@ def test_a_page_starts_after_the_cursor_name_even_if_it_was_deleted() -> None:
     assert list(_names_after(names, "b")) == ["c", "e"]
     assert list(_names_after(names, "e")) == []
     assert list(_names_after([], None)) == []
+
+
+def test_after_a_restore_a_finished_run_finds_its_dependents_without_parsing_every_job(h: Harness) -> None:
+    h.put("up")
+    h.put("down", schedule=None, depends_on={"job": "up", "on": "any"})
+    for i in range(50):
+        h.put(f"other{i:02d}")
+    fresh = Harness()
+    fresh.state.restore(h.state.snapshot_bytes())
+    fresh.index = h.index
+    fresh.node("n1")
+    run = fresh.claim_one("up", slot(1), at_us=slot(1))
+    fresh.finish("n1", run["id"], "succeeded", slot(1) + 1)
+    assert [d["job"] for d in fresh.state.pending_deps.values()] == ["down"]
+    assert not any(name.startswith("other") for name in fresh.state._parsed)
+
+
+def test_an_edit_that_adds_or_drops_a_dependency_is_seen_by_the_index(h: Harness) -> None:
+    h.put("up")
+    h.put("down", schedule=None, depends_on={"job": "up", "on": "any"})
+    assert h.state.dependents_of("up") == ["down"]
+    h.put("down", at_us=slot(1), schedule="@hourly")
+    assert h.state.dependents_of("up") == []
+    h.put("side", at_us=slot(2), schedule=None, depends_on={"job": "up", "on": "any"})
+    h.put("plain", at_us=slot(3))  # no dependency before or after: the index is kept
+    assert h.state.dependents_of("up") == ["side"]
