@@ -1,0 +1,65 @@
+"""Job sections parsed once and shared: the same result as a fresh parse, never across values
+that parse apart (True and 1), never for a section with a problem, and bounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import scheduler.model as model
+from scheduler.errors import ValidationFailed
+from scheduler.model import parse_job
+from tests.unit.conftest import job_doc
+
+SECTIONS = {"retries": {"max": 2, "backoff": "5s"}, "catchup": {"policy": "all", "window": "2h"},
+            "target": {"tags": {"zone": "a"}, "count": 2}, "alerts": {"on": ["failure", "dead"], "after_failures": 3},
+            "history": {"keep": 7, "max_age": "1d"}}
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Any:
+    saved = dict(model._SECTIONS)
+    model._SECTIONS.clear()
+    yield
+    model._SECTIONS.clear()
+    model._SECTIONS.update(saved)
+
+
+def test_jobs_writing_the_same_sections_share_them_and_equal_a_fresh_parse() -> None:
+    a = parse_job(job_doc("a", **SECTIONS))
+    b = parse_job(job_doc("b", **SECTIONS))
+    for key in SECTIONS:
+        assert getattr(a, key) is getattr(b, key), key
+    model._SECTIONS.clear()
+    fresh = parse_job(job_doc("b", **SECTIONS))
+    assert fresh == b and fresh.to_doc() == b.to_doc()
+
+
+@pytest.mark.parametrize(("section", "good", "bad", "message"), [
+    ("retries", {"max": 1}, {"max": True}, "retries.max: must be an integer, not a boolean"),
+    ("history", {"keep": 3}, {"keep": "3"}, "history.keep"),
+    ("target", {"count": 2}, {"count": 2.5}, "target.count"),
+])
+def test_a_value_that_parses_apart_is_never_served_from_the_cache(section: str, good: dict[str, Any],
+                                                                  bad: dict[str, Any], message: str) -> None:
+    parse_job(job_doc("a", **{section: good}))
+    with pytest.raises(ValidationFailed) as err:
+        parse_job(job_doc("b", **{section: bad}))
+    assert message in err.value.message
+
+
+def test_a_section_with_a_problem_is_not_kept_and_is_reported_each_time() -> None:
+    for _ in range(2):
+        with pytest.raises(ValidationFailed) as err:
+            parse_job(job_doc("a", retries={"max": 1, "speed": 3}))
+        assert any(d["field"] == "retries.speed" for d in err.value.details)
+    assert not model._SECTIONS
+
+
+def test_past_its_bound_the_cache_keeps_nothing_new_and_parses_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model, "_SECTIONS_MAX", 3)
+    jobs = [parse_job(job_doc(f"j{i}", retries={"max": i})) for i in range(6)]
+    assert [j.retries.max for j in jobs] == list(range(6))
+    assert len(model._SECTIONS) == 3
+
