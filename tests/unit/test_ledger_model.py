@@ -205,7 +205,14 @@ class LedgerModel(RuleBasedStateMachine):
         assert set(result["stale"]) <= self.taken, (cmd.TAG, result, self.taken)
         for rid, status in before.items():
             after = self.state.runs.get(rid)
-            assert after is not None, rid
+            if after is None:
+                # Ended here and trimmed at once by history.keep: an old attempt that ends after
+                # newer ones is the oldest record of a full history (a max age never drops an
+                # attempt that ends now).
+                job = next((r["job"] for r in result.get("finished", ()) if r["id"] == rid), None)
+                parsed = self.state.job(job) if job is not None else None
+                assert parsed is not None and len(self.state.job_runs.get(job, ())) >= parsed.history.keep, rid
+                continue
             if after["status"] in ("cancelled", "lost") or (after["status"] == "dead" and after["outcome"] is None):
                 assert status == after["status"], f"{cmd.TAG} took {rid} from {status} to {after['status']}"
         if isinstance(cmd, FinishRuns):
