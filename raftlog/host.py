@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.syncobj import _RAFT_STATE
 
 from .listener import GuardedTransport
 from .transport import _BatchingSends
@@ -58,6 +59,29 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
             if journal is not None:
                 journal.defer = False
             self._rc_flush()
+
+    def _SyncObj__setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
+        """Term and vote on disk first, then in memory.
+
+        pysyncobj sets both in memory and then stores them. On a full disk the store raised
+        after the change: a leader asked for its vote in a newer term kept leading, in a term
+        it never won, and its AppendEntries in that term made the new leader's followers drop
+        entries that leader had committed (acknowledged writes lost, 1 run in 10 of the
+        disk-full fault test). Here a failed store changes neither, and a node that has heard
+        of a newer term it cannot record stops leading (or standing) in the old one: stepping
+        down needs no disk. The message that carried the term is dropped with the raise; its
+        sender tries again.
+        """
+        try:
+            self._SyncObj__raftLog.setCurrentTerm(term, votedForNodeId)
+        except OSError:
+            current: int = self._SyncObj__raftCurrentTerm  # type: ignore[has-type]
+            if term > current and self._SyncObj__raftState != _RAFT_STATE.FOLLOWER:
+                self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+                self._SyncObj__raftLeader = None
+            raise
+        self._SyncObj__raftCurrentTerm = term
+        self._SyncObj__votedForNodeId = votedForNodeId
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,  # noqa: N802, N803
                                   success: bool = False) -> None:

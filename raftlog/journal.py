@@ -9,8 +9,10 @@ let a node vote twice in a term. Every pysyncobj private name used here is liste
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,8 @@ from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 from .recovery import journal_header, recover_journal
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "align_to_snapshot", "journal_factory"]
+
+_log = logging.getLogger("raftcron.raft")
 
 # The journal grows by at most this much at a time (pysyncobj doubles it), so a disk with the
 # API's floor of free space (``space.MIN_FREE``) can always take the next growth.
@@ -143,6 +147,7 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         # is synced at once.
         self.defer = False
         self.failed: OSError | None = None  # set for good by a failed sync, see _fdatasync
+        self._rc_meta_warned = float("-inf")
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         # Space first: an ENOSPC raised here leaves the journal as it was (pysyncobj drops the
@@ -153,6 +158,32 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
             self._rc_dirty = True
         else:
             self._fdatasync()
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803 - pysyncobj's names
+        """Stored, or left as it was: FileJournal changes its meta in memory before the store,
+        and a failed store (a full disk) would have the next one-second store write a term and
+        vote this node never took (see ``_Host._SyncObj__setCurrentTerm``)."""
+        meta: dict[str, Any] = self._FileJournal__meta
+        before = dict(meta)
+        try:
+            super().setCurrentTerm(term, votedForNodeId)
+        except OSError:
+            meta.clear()
+            meta.update(before)
+            raise
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802 - pysyncobj's name
+        """The commit index stored once a second, when the disk takes it. It is a hint (a
+        restart learns the commit index from the leader), and pysyncobj calls this at the top
+        of every tick: a full disk raised there and skipped that whole tick, once a second, for
+        as long as the disk stayed full. Kept unsaved, so the next second tries again."""
+        try:
+            super().onOneSecondTimer()
+        except OSError as exc:
+            now = time.monotonic()
+            if now - self._rc_meta_warned >= 60.0:
+                self._rc_meta_warned = now
+                _log.warning("the raft meta file could not be stored (%s); trying again every second", exc)
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
         """Compaction: the entries from ``entryTo`` on, written to a side file, synced, and
