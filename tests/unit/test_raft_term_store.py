@@ -11,7 +11,6 @@ message handler.
 from __future__ import annotations
 
 import errno
-import socket
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +21,7 @@ from pysyncobj import SyncObjConf
 
 from raftlog.host import _Host
 from raftlog.journal import _DurableJournal, _DurableMeta, journal_factory
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.cluster.harness import free_ports
 
 
 class Disk:
@@ -50,7 +44,7 @@ def disk() -> Disk:
 @pytest.fixture
 def leader(tmp_path: Path, disk: Disk) -> Iterator[tuple[_Host, list[dict[str, Any]]]]:
     """A leader of term 3 with two peers that never answer; what it sends is recorded, never sent."""
-    me, *peers = (f"127.0.0.1:{_free_port()}" for _ in range(3))
+    me, *peers = (f"127.0.0.1:{port}" for port in free_ports(3))
     owner = types.SimpleNamespace(_journal=None, _pacer=None, _prevote=None)
     conf = SyncObjConf(autoTick=False, journalFile=str(tmp_path / "raft.journal"), bindAddress=me)
     with journal_factory(True):
