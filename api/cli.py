@@ -49,7 +49,7 @@ NOUNS = {"jobs": "jobs", "job": "jobs", "runs": "runs", "run": "runs",
          "dead-letters": "dead-letters", "dead-letter": "dead-letters",
          "members": "members", "member": "members"}
 POLL_INTERVAL = 0.5
-MAX_PAGE = 500  # the API caps ?limit at 1000
+MAX_PAGE = 1000  # the API's cap on ?limit: every page is a round trip and a fresh scan on the server
 DEFAULT_TIMEOUT = 10.0
 SERVER_VERBS = {"agent": ("api.agent", "add_agent_arguments", "run_agent",
                           "run a cluster node (Raft, scheduler, executors, REST API)"),
@@ -288,7 +288,7 @@ async def collect(fetch: Callable[[str | None, int | None], Awaitable[dict[str, 
     cursor: str | None = None
     seen: set[str] = set()
     while True:
-        page = await fetch(cursor, None if limit is None else min(limit - len(items), MAX_PAGE))
+        page = await fetch(cursor, MAX_PAGE if limit is None else min(limit - len(items), MAX_PAGE))
         items.extend(page.get("items") or [])
         cursor = page.get("next_cursor")
         if limit is not None and len(items) >= limit:

@@ -228,3 +228,20 @@ def test_a_full_disk_is_reported_with_what_to_do(capsys: pytest.CaptureFixture[s
     assert err[1].startswith("hint: the node's disk is nearly full; the write was refused, not lost.")
     cli._report(cli.ClientError(503, "unavailable", "no leader"))
     assert "hint" not in capsys.readouterr().err
+
+
+async def test_listing_everything_asks_for_the_largest_page_and_follows_every_cursor() -> None:
+    asked: list[tuple[str | None, int | None]] = []
+
+    async def fetch(cursor: str | None, n: int | None) -> dict[str, object]:
+        asked.append((cursor, n))
+        page = int(cursor or 0)
+        return {"items": [{"name": f"j{page}-{i}"} for i in range(3)], "next_cursor": str(page + 1) if page < 2 else None}
+
+    items = await cli.collect(fetch, None)
+    assert len(items) == 9
+    assert asked == [(None, cli.MAX_PAGE), ("1", cli.MAX_PAGE), ("2", cli.MAX_PAGE)]
+    assert cli.MAX_PAGE == 1000  # the API's own cap: fewer round trips for a long list
+    asked.clear()
+    assert len(await cli.collect(fetch, 4)) == 4
+    assert asked == [(None, 4), ("1", 1)]

@@ -151,3 +151,10 @@ def test_json_and_yaml_round_trip_the_resource() -> None:
     assert json.loads(output.to_json(JOB)) == JOB
     assert yaml.safe_load(output.to_yaml(JOB)) == JOB
     assert output.to_json({"a": 1}) == '{\n  "a": 1\n}'
+
+
+def test_json_output_is_indented_unescaped_utf8_and_keeps_the_key_order() -> None:
+    doc = {"z": "Zürich ✓", "a": [], "m": {}, "n": None, "f": 1.5}
+    text = output.to_json(doc)
+    assert text == '{\n  "z": "Zürich ✓",\n  "a": [],\n  "m": {},\n  "n": null,\n  "f": 1.5\n}'
+    assert json.loads(text) == doc
