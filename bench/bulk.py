@@ -66,12 +66,13 @@ def _probe(urls: list[str], every: float, timeout: float, stop: EventType, out: 
 
 async def _probe_loop(urls: list[str], every: float, timeout: float, stop: EventType, out: Any) -> None:
     times: dict[str, list[float]] = {u: [] for u in urls}
+    slowest: dict[str, list[tuple[float, float]]] = {u: [] for u in urls}  # (seconds, monotonic start)
     failures: dict[str, int] = {u: 0 for u in urls}
     client_timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def one(s: aiohttp.ClientSession, url: str) -> None:
         while not stop.is_set():
-            t0 = time.perf_counter()
+            t0, t0_mono = time.perf_counter(), time.monotonic()
             try:
                 async with s.get(url + "/v1/health") as resp:
                     await resp.read()
@@ -80,13 +81,14 @@ async def _probe_loop(urls: list[str], every: float, timeout: float, stop: Event
                 good = False
             dt = time.perf_counter() - t0
             times[url].append(dt if good else max(dt, timeout))
+            slowest[url] = sorted([*slowest[url], (times[url][-1], round(t0_mono, 3))], reverse=True)[:5]
             failures[url] += 0 if good else 1
             await asyncio.sleep(max(0.0, every - dt))
 
     async with aiohttp.ClientSession(timeout=client_timeout) as s:
         await asyncio.gather(*(one(s, u) for u in urls))
     out.put({u: {"count": len(v), "failed": failures[u], "max": max(v, default=None), "p99": pct(v, 99),
-                 "p50": pct(v, 50)} for u, v in times.items()})
+                 "p50": pct(v, 50), "slowest": slowest[u]} for u, v in times.items()})
 
 
 class Prober:

@@ -139,19 +139,27 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
     out: dict[str, Any] = {"repeat": r, "load_before": load()}
     out["rss_empty_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
     out["writes_empty"] = asyncio.run(write_rate(leader.url, f"ref-empty-{r}", a.writes, a.inflight))
+    phases: dict[str, float] = {}  # monotonic instants, to place the prober's slowest answers
+    out["phases"] = phases
     with Prober([n.url for n in cluster.nodes], 0.05, 10.0) as prober:
+        phases["bulk"] = round(time.monotonic(), 3)
         out["bulk"] = asyncio.run(load_batches(leader.url, a.jobs, 1000, 2))
         expected = a.jobs + a.writes
+        phases["settle"] = round(time.monotonic(), 3)
         try:
             wait_for(f"every node holding {expected} jobs",
                      lambda: all(jobs_held(n.url) == expected for n in cluster.nodes), timeout=180, interval=1.0)
         except AssertionError:
             pass
         out["jobs_held"] = {n.name: jobs_held(n.url) for n in cluster.nodes}
+        phases["writes_loaded"] = round(time.monotonic(), 3)
         out["writes_loaded"] = asyncio.run(write_rate(leader.url, f"ref-loaded-{r}", a.writes, a.inflight))
+        phases["pages"] = round(time.monotonic(), 3)
         out["first_page"] = asyncio.run(page_times(leader.url + "/v1/jobs?limit=100", 20))
         out["label_page"] = asyncio.run(page_times(leader.url + "/v1/jobs?limit=100&label=team=t3", 20))
+        phases["cli"] = round(time.monotonic(), 3)
         out["cli_label"] = cli_list(leader.url, "team=t3")
+        phases["end"] = round(time.monotonic(), 3)
     health = prober.result()
     out["health"] = {n.name: health[n.url] for n in cluster.nodes}
     out["worst_health"] = max((h["max"] for h in health.values() if h["max"] is not None), default=None)
