@@ -19,11 +19,14 @@ SECTIONS = {"retries": {"max": 2, "backoff": "5s"}, "catchup": {"policy": "all",
 
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Any:
-    saved = dict(model._SECTIONS)
+    saved, docs = dict(model._SECTIONS), dict(model._SECTION_DOCS)
     model._SECTIONS.clear()
+    model._SECTION_DOCS.clear()
     yield
     model._SECTIONS.clear()
     model._SECTIONS.update(saved)
+    model._SECTION_DOCS.clear()
+    model._SECTION_DOCS.update(docs)
 
 
 def test_jobs_writing_the_same_sections_share_them_and_equal_a_fresh_parse() -> None:
@@ -34,6 +37,34 @@ def test_jobs_writing_the_same_sections_share_them_and_equal_a_fresh_parse() -> 
     model._SECTIONS.clear()
     fresh = parse_job(job_doc("b", **SECTIONS))
     assert fresh == b and fresh.to_doc() == b.to_doc()
+
+
+def test_stored_documents_of_jobs_sharing_a_section_share_its_document_and_equal_a_fresh_one() -> None:
+    a, b = parse_job(job_doc("a", **SECTIONS)).to_doc(), parse_job(job_doc("b", **SECTIONS)).to_doc()
+    for key in SECTIONS:
+        assert a[key] is b[key], key
+    model._SECTIONS.clear()
+    model._SECTION_DOCS.clear()
+    fresh = parse_job(job_doc("b", **SECTIONS))
+    assert fresh.to_doc() == b
+    assert all(fresh.to_doc()[key] is not b[key] for key in SECTIONS)
+
+
+def _outcome(doc: dict[str, Any]) -> Any:
+    try:
+        return parse_job(doc).to_doc()
+    except ValidationFailed as exc:
+        return exc.details
+
+
+@pytest.mark.parametrize("variant", [{"max": 1.0}, {"max": "1"}, {"max": True}, [1], ({"max": 1},),
+                                     {"max": 1, "backoff": b"5s"}, {"max": 2**70}])
+def test_a_section_that_differs_only_in_type_parses_as_it_would_with_nothing_kept(variant: Any) -> None:
+    fresh = _outcome(job_doc("b", retries=variant))
+    model._SECTIONS.clear()
+    model._SECTION_DOCS.clear()
+    parse_job(job_doc("a", retries={"max": 1, "backoff": "5s"}))  # the look-alike, kept first
+    assert _outcome(job_doc("b", retries=variant)) == fresh
 
 
 @pytest.mark.parametrize(("section", "good", "bad", "message"), [
