@@ -85,10 +85,24 @@ async def _probe_loop(urls: list[str], every: float, timeout: float, stop: Event
             failures[url] += 0 if good else 1
             await asyncio.sleep(max(0.0, every - dt))
 
+    lags: list[tuple[float, float]] = []  # (seconds late, monotonic start): the prober's own stalls
+
+    async def lag() -> None:
+        """How late the prober's own 10 ms sleeps wake: a stall of the prober (or of the whole
+        machine) shows here at the same instant as a slow answer, and is not the agent's."""
+        while not stop.is_set():
+            t0, t0_mono = time.perf_counter(), time.monotonic()
+            await asyncio.sleep(0.01)
+            late = time.perf_counter() - t0 - 0.01
+            if late > 0.05:
+                lags.append((late, round(t0_mono, 3)))
+
     async with aiohttp.ClientSession(timeout=client_timeout) as s:
-        await asyncio.gather(*(one(s, u) for u in urls))
-    out.put({u: {"count": len(v), "failed": failures[u], "max": max(v, default=None), "p99": pct(v, 99),
-                 "p50": pct(v, 50), "slowest": slowest[u]} for u, v in times.items()})
+        await asyncio.gather(lag(), *(one(s, u) for u in urls))
+    nodes = {u: {"count": len(v), "failed": failures[u], "max": max(v, default=None), "p99": pct(v, 99),
+                 "p50": pct(v, 50), "slowest": slowest[u]} for u, v in times.items()}
+    out.put({"nodes": nodes, "prober_lag": {"max": max((x for x, _ in lags), default=0.0),
+                                            "slowest": sorted(lags, reverse=True)[:5]}})
 
 
 class Prober:
@@ -106,9 +120,13 @@ class Prober:
         self._stop.set()
 
     def result(self) -> dict[str, Any]:
+        """Per node URL: count, failed, max, p99, p50 and the five slowest answers; the prober's
+        own lag (its late wake-ups over 50 ms) is left in ``self.lag``."""
         got: dict[str, Any] = self._out.get(timeout=30)
         self._proc.join(10)
-        return got
+        self.lag: dict[str, Any] = got["prober_lag"]
+        nodes: dict[str, Any] = got["nodes"]
+        return nodes
 
 
 # ---- the loads -------------------------------------------------------------------------------
@@ -209,6 +227,7 @@ def measure(cluster: Cluster, way: str, a: argparse.Namespace) -> dict[str, Any]
     health = prober.result()
     out["health"] = {n.name: health[n.url] for n in cluster.nodes}
     out["worst_health"] = max((h["max"] for h in health.values() if h["max"] is not None), default=None)
+    out["prober_lag"] = prober.lag
     out["load_after"] = load()
     expected = out["load"]["created"]
     try:

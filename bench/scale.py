@@ -162,6 +162,7 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
         phases["end"] = round(time.monotonic(), 3)
     health = prober.result()
     out["health"] = {n.name: health[n.url] for n in cluster.nodes}
+    out["prober_lag"] = prober.lag
     out["worst_health"] = max((h["max"] for h in health.values() if h["max"] is not None), default=None)
     out["rss_loaded_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
     added = [out["rss_loaded_mb"][k] - out["rss_empty_mb"][k] for k in out["rss_loaded_mb"]
@@ -193,7 +194,7 @@ def main() -> None:
         doc["runs"].append(res)
         rs = res["restart"]
         print(f"[{time.monotonic() - t_start:5.0f}s] repeat {r}: load {res['bulk']['rate']:.0f} jobs/s, worst health "
-              f"{ms(res['worst_health'])} ms, writes {res['writes_empty']['rate']:.0f} -> "
+              f"{ms(res['worst_health'])} ms (the prober's own worst lag {ms(res['prober_lag']['max'])} ms), writes {res['writes_empty']['rate']:.0f} -> "
               f"{res['writes_loaded']['rate']:.0f}/s ({res['write_ratio']:.2f}), first page "
               f"{ms(res['first_page']['p50'])}/{ms(res['first_page']['max'])} ms, label page "
               f"{ms(res['label_page']['p50'])}/{ms(res['label_page']['max'])} ms, CLI {res['cli_label']['seconds']:.2f} s, "
@@ -208,6 +209,8 @@ def main() -> None:
     doc["summary"] = {
         "bulk_jobs_per_s": med(lambda x: x["bulk"]["rate"]),
         "worst_health_s": med(lambda x: x["worst_health"]),
+        "prober_lag_max_s": med(lambda x: x["prober_lag"]["max"]),
+        "rss_loaded_mb_min": med(lambda x: min(v for v in x["rss_loaded_mb"].values() if v is not None)),
         "writes_empty_per_s": med(lambda x: x["writes_empty"]["rate"]),
         "writes_loaded_per_s": med(lambda x: x["writes_loaded"]["rate"]),
         "write_ratio": med(lambda x: x["write_ratio"]),
