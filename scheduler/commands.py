@@ -138,6 +138,12 @@ class ClaimSlots(Command):
     # an every-second job): ``{job, status, count, first_us, last_us, reason}``;
     # they advance the job past ``last_us`` and are counted, not listed.
     summaries: tuple[dict[str, Any], ...] = ()
+    # Each planned job's next slot beyond this tick, as the leader walked it:
+    # ``{job, version, from_us, slot_us}`` (slot_us None: the schedule has no more). Stored
+    # with the job (``next_slot``) when version and walk start still match once this entry's
+    # decisions are applied, so that a later leader need not parse and plan every job at
+    # once to know when each is next due. Absent from the wire when empty.
+    next: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,6 +274,8 @@ def encode_command(cmd: Command) -> bytes:
         elif name == "specs":
             value = _compress_specs(value)
         elif isinstance(value, tuple):
+            if not value and name == "next":
+                continue  # entries without it stay readable by a node that predates it
             value = list(value)
         data[name] = value
     return encode(cmd.TAG, data)

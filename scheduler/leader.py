@@ -37,7 +37,16 @@ from .commands import (
 from .errors import RaftcronError
 from .instants import format_instant, from_us
 from .model import Concurrency, Job
-from .planner import Picker, PlanConfig, decides_ahead, dependency_claims, due_retries, expired_runs, plan_job
+from .planner import (
+    Picker,
+    PlanConfig,
+    decides_ahead,
+    dependency_claims,
+    due_retries,
+    expired_runs,
+    known_next_slot,
+    plan_job,
+)
 from .runs import RunRecord
 from .service import Service
 from .state import Applied
@@ -112,12 +121,24 @@ class LeaderLoop:
             return
         led_since = self.clock.monotonic()
         log.info("leader loop started after barrier (term %d)", term)
-        # Every job is due at the first tick: 0, not this node's wall clock, which a leader far
-        # from its followers does not plan by (its first ticks would wait until the planning
-        # instant caught up with its own clock: 30 s of nothing, seen with a clock 30 s fast).
-        self._unplanned = set(self.state.jobs)
-        for name in self._unplanned:
-            heapq.heappush(self._heap, (0, name))
+        # A job whose next slot an earlier leader recorded (and that no edit or decision has
+        # voided since) is due a horizon before that slot: it is neither parsed nor planned
+        # until then. Every other job is due at the first tick: 0, not this node's wall clock,
+        # which a leader far from its followers does not plan by (its first ticks would wait
+        # until the planning instant caught up with its own clock: 30 s of nothing, seen with
+        # a clock 30 s fast).
+        self._unplanned = set()
+        heap: list[tuple[int, str]] = []
+        horizon = self.cfg.plan.horizon_us
+        for name, rec in list(self.state.jobs.items()):
+            known, slot = known_next_slot(rec)
+            if not known:
+                self._unplanned.add(name)
+                heap.append((0, name))
+            elif slot is not None:
+                heap.append((max(0, slot - horizon), name))
+        heapq.heapify(heap)
+        self._heap = heap
         while self.svc.node.is_leader() and self.svc.node.status().term == term:
             try:
                 await self._tick(led_since)
@@ -181,6 +202,7 @@ class LeaderLoop:
         summaries: list[dict[str, Any]] = []
         cancel: list[str] = []
         next_due: dict[str, int | None] = {}
+        walked: list[dict[str, Any]] = []  # next slots to record with the jobs (ClaimSlots.next)
         recorded: list[tuple[str, int, str | None]] = []  # planning errors to record (None: cleared)
         for name in sorted(names):
             try:
@@ -200,6 +222,11 @@ class LeaderLoop:
             claims += plan.claims
             summaries += plan.summaries
             cancel += plan.cancel
+            if plan.walk_end is not None:
+                walked_to, slot = plan.walk_end
+                # Unless the job's record says so already (a plan with nothing to decide).
+                if rec.get("next_slot") != [rec["version"], walked_to, slot]:
+                    walked.append({"job": name, "version": rec["version"], "from_us": walked_to, "slot_us": slot})
             due = plan.next_due_us
             if due is not None and decides_ahead(job):
                 grid = int(self.cfg.ahead_grid * 1e6)
@@ -215,7 +242,7 @@ class LeaderLoop:
             pending = list(self.state.pending_deps.values())
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
-        ok = await self._commit(claims, summaries, cancel, now)
+        ok = await self._commit(claims, summaries, cancel, now, walked)
         if ok and self._unplanned:
             self._unplanned.difference_update(names)
         await self._record_planning(recorded, now)
@@ -282,16 +309,21 @@ class LeaderLoop:
         gone = {n for n, since in self._unreachable_since.items() if mono - since >= self.cfg.lease}
         return known - gone
 
-    async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int) -> bool:
-        if not (claims or summaries or cancel):
+    async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int,
+                      walked: list[dict[str, Any]] | None = None) -> bool:
+        if not (claims or summaries or cancel or walked):
             return True
         term = self.svc.node.status().term
         ok = True
         for start in range(0, max(len(claims), 1), MAX_CLAIMS_PER_COMMAND):
             chunk = tuple(claims[start : start + MAX_CLAIMS_PER_COMMAND])
             first = start == 0
+            # The next slots go with the last chunk: recorded once every decision of this tick
+            # is applied (a job's walk then starts where the leader's ended).
+            last = start + MAX_CLAIMS_PER_COMMAND >= len(claims)
             cmd = ClaimSlots(at_us=now, leader=self.svc.node_id, term=term, claims=chunk,
-                             cancel=tuple(cancel) if first else (), summaries=tuple(summaries) if first else ())
+                             cancel=tuple(cancel) if first else (), summaries=tuple(summaries) if first else (),
+                             next=tuple(walked or ()) if last else ())
             result, _ = await self.svc.propose(cmd)
             if isinstance(result, Rejected):
                 log.error("claim entry refused: %s", result.message)

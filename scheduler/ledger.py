@@ -29,6 +29,7 @@ from typing import Any
 
 from . import alerts
 from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
+from .planner import walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
 from .store import Store
@@ -102,7 +103,23 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         _summarise(state, s, cmd.at_us)
         summaries.append(s)
     _alert_missed(state, created, summaries, cmd.at_us)
+    _note_next(state, cmd.next)
     return {"runs": created, "refused": refused, "cancelled": cancelled}
+
+
+def _note_next(state: Store, items: tuple[dict[str, Any], ...]) -> None:
+    """Keep each job's next slot as the leader walked it, if the job is still at the version it
+    planned and its walk now starts where the leader's ended (this entry's decisions applied);
+    anything else the leader planned against no longer holds, and is dropped."""
+    for n in items:
+        name, version, walked, slot = n.get("job"), n.get("version"), n.get("from_us"), n.get("slot_us")
+        if not isinstance(name, str) or (rec := state.jobs.get(name)) is None:
+            continue
+        if type(version) is not int or type(walked) is not int or not (slot is None or type(slot) is int):
+            continue
+        if rec["version"] != version or walk_from_us(rec) != walked or rec.get("next_slot") == [version, walked, slot]:
+            continue
+        state.jobs[name] = {**rec, "next_slot": [version, walked, slot]}
 
 
 def _floor(rec: dict[str, Any] | None) -> int | None:

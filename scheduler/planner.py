@@ -66,6 +66,11 @@ class JobPlan:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
     next_due_us: int | None = None  # when this job next needs the planner
+    # The walk's end, when it ended at the schedule's next slot beyond the horizon (not cut by
+    # max_walk): (walked to, that slot or None when the schedule has no more). Once this plan's
+    # decisions are applied the job's walk starts at ``walked to``, and its next slot is known
+    # to every later leader (``ClaimSlots.next``, ``known_next_slot``).
+    walk_end: tuple[int, int | None] | None = None
 
 
 # The leader is picked only when every other fitting node holds this many more attempts
@@ -136,6 +141,19 @@ def decides_ahead(job: Job) -> bool:
     return job.concurrency is Concurrency.ALLOW and not job.paused
 
 
+def known_next_slot(rec: dict[str, Any]) -> tuple[bool, int | None]:
+    """(known, slot): the job's next slot as a leader recorded it (``ClaimSlots.next``), if
+    that record still holds: made for the job's current version and from where its walk now
+    starts. Any edit (a new version) or decision since (a new start of the walk) voids it."""
+    kept = rec.get("next_slot")
+    if not isinstance(kept, (list, tuple)) or len(kept) != 3:
+        return False, None
+    version, walked_to, slot = kept
+    if version != rec["version"] or walked_to != walk_from_us(rec):
+        return False, None
+    return True, slot
+
+
 def walk_from_us(rec: dict[str, Any]) -> int:
     """The instant after which the job's next undecided slot lies: its last decided slot or
     the start of its schedule in force, whichever is later (records from before
@@ -160,6 +178,7 @@ def plan_job(job: Job, rec: dict[str, Any], active: list[RunRecord], now_us: int
         s = next_slot_us(job, anchor, cursor)
         if s is None or s > limit:
             plan.next_due_us = None if s is None else (s - cfg.horizon_us if decide_ahead else s)
+            plan.walk_end = (cursor, s)
             break
         slots.append(s)
         cursor = s

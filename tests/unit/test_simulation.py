@@ -259,6 +259,45 @@ async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried
         await sim.close()
 
 
+async def test_a_new_leader_trusts_the_next_slots_recorded_and_parses_no_job_before_it_is_due() -> None:
+    start = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+    sim = await _sim(start)
+    try:
+        for i in range(300):
+            await sim.put(_job(f"h{i:03d}", f"{i % 60} * * * *"))  # hourly, at minute i % 60
+        await sim.put(_job("edited", "30 * * * *"))
+        await sim.step(0)
+        assert all(rec.get("next_slot") for rec in sim.state.jobs.values()), "the first leader recorded each next slot"
+        # The edit after the record voids it: that job must be planned at once by the next leader.
+        await sim.put(_job("edited", "*/20 * * * * *"))
+        sim.node.leading = False
+        sim.task.cancel()
+        await asyncio.gather(sim.task, return_exceptions=True)
+        sim.state.restore(sim.state.snapshot_bytes())  # as a restarted node holds it: nothing parsed
+        assert not sim.state._parsed
+        sim.node.term += 1
+        sim.node.leading = True
+        leader = LeaderLoop(sim.service, sim.clock, LeaderConfig(tick=0.01, lease=5.0), lambda: {"n1"})
+        sim.node.hooks.append(leader.notify)
+        sim.leader = leader
+        sim.task = asyncio.create_task(leader.run(), name="leader")
+        await sim.clock.settle()
+        assert leader.unplanned() == 0
+        # Parsed: the edited job (its record void) and those due within the horizon (minute 0);
+        # not the 295 others, which wait in the heap for their recorded slot.
+        assert set(sim.state._parsed) <= {"edited", "h000", "h060"}, sorted(sim.state._parsed)[:10]
+        assert "edited" in sim.state._parsed
+        # Each job is still decided at its slot: one claim per job by 13:00 (minute 59 is 12:59).
+        for _ in range(62):
+            await sim.step(60)
+        hourly = {r["job"] for r in sim.state.runs.values() if r["job"].startswith("h") and r["trigger"] == "schedule"}
+        assert len(hourly) == 300, sorted(set(sim.state.jobs) - hourly - {"edited"})[:10]
+        late = [r for r in sim.state.runs.values() if r["job"].startswith("h") and r["claimed_us"] > r["slot_us"]]
+        assert not late, late[:3]
+    finally:
+        await sim.close()
+
+
 async def test_a_new_leader_plans_a_large_state_a_slice_per_tick_and_counts_what_is_left() -> None:
     start = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
     sim = await _sim(start)
@@ -268,6 +307,8 @@ async def test_a_new_leader_plans_a_large_state_a_slice_per_tick_and_counts_what
         sim.node.leading = False  # a new term: the next loop plans every job again
         sim.task.cancel()
         await asyncio.gather(sim.task, return_exceptions=True)
+        for name, rec in list(sim.state.jobs.items()):  # records made before next slots were kept
+            sim.state.jobs[name] = {k: v for k, v in rec.items() if k != "next_slot"}
         sim.node.term += 1
         sim.node.leading = True
         leader = LeaderLoop(sim.service, sim.clock, LeaderConfig(tick=0.01, lease=5.0, max_jobs_per_tick=1000),
