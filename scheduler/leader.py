@@ -73,6 +73,11 @@ class LeaderConfig:
     # planning 100,000 at once held the event loop for seconds (a first plan parses each job,
     # ~75 us), so no API answer and no commit went out meanwhile. The rest wait a tick.
     max_jobs_per_tick: int = 1000
+    # Next slots walked to (``ClaimSlots.next``) ride on the next entry that decides something;
+    # on their own they go once this many are waiting, or the oldest has waited this long (a
+    # job created far from its first slot would otherwise cost an entry of its own).
+    walked_batch: int = 1000
+    walked_wait: float = 5.0
 
 
 class LeaderLoop:
@@ -95,6 +100,8 @@ class LeaderLoop:
         self._picker: Picker | None = None
         self._scanned = float("-inf")
         self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
+        self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (ClaimSlots.next), by job
+        self._walked_since = 0.0  # when the oldest of them was planned (monotonic)
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -202,7 +209,6 @@ class LeaderLoop:
         summaries: list[dict[str, Any]] = []
         cancel: list[str] = []
         next_due: dict[str, int | None] = {}
-        walked: list[dict[str, Any]] = []  # next slots to record with the jobs (ClaimSlots.next)
         recorded: list[tuple[str, int, str | None]] = []  # planning errors to record (None: cleared)
         for name in sorted(names):
             try:
@@ -226,7 +232,9 @@ class LeaderLoop:
                 walked_to, slot = plan.walk_end
                 # Unless the job's record says so already (a plan with nothing to decide).
                 if rec.get("next_slot") != [rec["version"], walked_to, slot]:
-                    walked.append({"job": name, "version": rec["version"], "from_us": walked_to, "slot_us": slot})
+                    if not self._walked:
+                        self._walked_since = mono
+                    self._walked[name] = {"job": name, "version": rec["version"], "from_us": walked_to, "slot_us": slot}
             due = plan.next_due_us
             if due is not None and decides_ahead(job):
                 grid = int(self.cfg.ahead_grid * 1e6)
@@ -242,7 +250,12 @@ class LeaderLoop:
             pending = list(self.state.pending_deps.values())
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
+        walked = self._walked_to_send(bool(claims or summaries or cancel), mono)
         ok = await self._commit(claims, summaries, cancel, now, walked)
+        if ok:
+            for item in walked:
+                if self._walked.get(item["job"]) is item:  # not planned again while it committed
+                    del self._walked[item["job"]]
         if ok and self._unplanned:
             self._unplanned.difference_update(names)
         await self._record_planning(recorded, now)
@@ -308,6 +321,16 @@ class LeaderLoop:
             self._unreachable_since.pop(node, None)
         gone = {n for n, since in self._unreachable_since.items() if mono - since >= self.cfg.lease}
         return known - gone
+
+    def _walked_to_send(self, deciding: bool, mono: float) -> list[dict[str, Any]]:
+        """The next slots to send with this tick's entry: all of them when it decides something
+        anyway, or when enough are waiting or have waited long enough; else none yet."""
+        waiting = self._walked
+        if waiting and (deciding or len(waiting) >= self.cfg.walked_batch
+                        or mono - self._walked_since >= self.cfg.walked_wait):
+            self._walked_since = mono
+            return list(waiting.values())
+        return []
 
     async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int,
                       walked: list[dict[str, Any]] | None = None) -> bool:
