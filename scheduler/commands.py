@@ -21,7 +21,7 @@ from .runs import StatusName, TriggerName
 __all__ = [
     "Command", "RegisterNode", "PutJob", "PutJobs", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
     "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
-    "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "COMMANDS", "encode_command", "decode_command",
+    "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "JobPlanning", "NoteNextSlots", "COMMANDS", "encode_command", "decode_command",
 ]
 
 
@@ -138,12 +138,6 @@ class ClaimSlots(Command):
     # an every-second job): ``{job, status, count, first_us, last_us, reason}``;
     # they advance the job past ``last_us`` and are counted, not listed.
     summaries: tuple[dict[str, Any], ...] = ()
-    # Each planned job's next slot beyond this tick, as the leader walked it:
-    # ``{job, version, from_us, slot_us}`` (slot_us None: the schedule has no more). Stored
-    # with the job (``next_slot``) when version and walk start still match once this entry's
-    # decisions are applied, so that a later leader need not parse and plan every job at
-    # once to know when each is next due. Absent from the wire when empty.
-    next: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +241,22 @@ class JobPlanning(Command):
     term: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoteNextSlots(Command):
+    """Jobs' next slots as a leader walked them: ``{job, version, created_us, from_us, slot_us,
+    epoch}`` each (slot_us None: the schedule has no more; epoch: the planner's, see
+    ``planner.PLAN_EPOCH``). Kept with a job (``next_slot``) while it is the same job at the
+    same version and its walk still starts at ``from_us``, so that a later leader need not
+    parse and plan every job at once to know when each is next due. A command of its own, not
+    a field of ``ClaimSlots``: a node of an older release refuses only these entries (and
+    plans every job when it leads), never the claims."""
+
+    TAG: ClassVar[str] = "note_next_slots"
+    leader: str
+    term: int
+    slots: tuple[dict[str, Any], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A command apply refused: the same value on every replica, never an exception."""
@@ -260,7 +270,7 @@ COMMANDS: dict[str, type[Command]] = {
     for c in (
         Noop, RegisterNode, PutJob, PutJobs, DeleteJob, PauseJob, ClaimSlots, StartRuns, RenewLeases,
         FinishRuns, ExpireRuns, ReportLost, CancelRun, DeleteDeadLetter, AlertResults, NodeClock,
-        JobPlanning,
+        JobPlanning, NoteNextSlots,
     )
 }
 
@@ -274,8 +284,6 @@ def encode_command(cmd: Command) -> bytes:
         elif name == "specs":
             value = _compress_specs(value)
         elif isinstance(value, tuple):
-            if not value and name == "next":
-                continue  # entries without it stay readable by a node that predates it
             value = list(value)
         data[name] = value
     return encode(cmd.TAG, data)

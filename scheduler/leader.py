@@ -29,6 +29,7 @@ from .commands import (
     ExpireRuns,
     JobPlanning,
     Noop,
+    NoteNextSlots,
     PauseJob,
     PutJob,
     PutJobs,
@@ -45,6 +46,7 @@ from .planner import (
     due_retries,
     expired_runs,
     known_next_slot,
+    next_slot_record,
     plan_job,
 )
 from .runs import RunRecord
@@ -73,9 +75,8 @@ class LeaderConfig:
     # planning 100,000 at once held the event loop for seconds (a first plan parses each job,
     # ~75 us), so no API answer and no commit went out meanwhile. The rest wait a tick.
     max_jobs_per_tick: int = 1000
-    # Next slots walked to (``ClaimSlots.next``) ride on the next entry that decides something;
-    # on their own they go once this many are waiting, or the oldest has waited this long (a
-    # job created far from its first slot would otherwise cost an entry of its own).
+    # Next slots walked to go in a ``NoteNextSlots`` entry once this many are waiting, or the
+    # oldest has waited this long: at most an entry every few seconds, whatever the rate.
     walked_batch: int = 1000
     walked_wait: float = 5.0
 
@@ -100,7 +101,7 @@ class LeaderLoop:
         self._picker: Picker | None = None
         self._scanned = float("-inf")
         self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
-        self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (ClaimSlots.next), by job
+        self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (NoteNextSlots), by job
         self._walked_since = 0.0  # when the oldest of them was planned (monotonic)
 
     # ---- notifications from applied entries (event-loop thread) ----------------
@@ -230,11 +231,12 @@ class LeaderLoop:
             cancel += plan.cancel
             if plan.walk_end is not None:
                 walked_to, slot = plan.walk_end
+                item = next_slot_record(rec, name, walked_to, slot)
                 # Unless the job's record says so already (a plan with nothing to decide).
-                if rec.get("next_slot") != [rec["version"], walked_to, slot]:
+                if rec.get("next_slot") != [item["epoch"], item["version"], item["created_us"], walked_to, slot]:
                     if not self._walked:
                         self._walked_since = mono
-                    self._walked[name] = {"job": name, "version": rec["version"], "from_us": walked_to, "slot_us": slot}
+                    self._walked[name] = item
             due = plan.next_due_us
             if due is not None and decides_ahead(job):
                 grid = int(self.cfg.ahead_grid * 1e6)
@@ -250,12 +252,8 @@ class LeaderLoop:
             pending = list(self.state.pending_deps.values())
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
-        walked = self._walked_to_send(bool(claims or summaries or cancel), mono)
-        ok = await self._commit(claims, summaries, cancel, now, walked)
-        if ok:
-            for item in walked:
-                if self._walked.get(item["job"]) is item:  # not planned again while it committed
-                    del self._walked[item["job"]]
+        ok = await self._commit(claims, summaries, cancel, now)
+        await self._send_walked(now, mono)
         if ok and self._unplanned:
             self._unplanned.difference_update(names)
         await self._record_planning(recorded, now)
@@ -322,31 +320,37 @@ class LeaderLoop:
         gone = {n for n, since in self._unreachable_since.items() if mono - since >= self.cfg.lease}
         return known - gone
 
-    def _walked_to_send(self, deciding: bool, mono: float) -> list[dict[str, Any]]:
-        """The next slots to send with this tick's entry: all of them when it decides something
-        anyway, or when enough are waiting or have waited long enough; else none yet."""
+    async def _send_walked(self, now: int, mono: float) -> None:
+        """Send the next slots walked to (``NoteNextSlots``) once enough wait or the oldest has
+        waited long enough: an entry of their own every few seconds at most, whatever the rate
+        of decisions. Lost ones (a failed commit, a lost leadership) only mean that a later
+        leader plans those jobs at once."""
         waiting = self._walked
-        if waiting and (deciding or len(waiting) >= self.cfg.walked_batch
-                        or mono - self._walked_since >= self.cfg.walked_wait):
-            self._walked_since = mono
-            return list(waiting.values())
-        return []
+        if not waiting or (len(waiting) < self.cfg.walked_batch and mono - self._walked_since < self.cfg.walked_wait):
+            return
+        items = list(waiting.values())
+        self._walked_since = mono
+        term = self.svc.node.status().term
+        try:
+            for start in range(0, len(items), MAX_CLAIMS_PER_COMMAND):
+                await self.svc.propose(NoteNextSlots(at_us=now, leader=self.svc.node_id, term=term,
+                                                     slots=tuple(items[start : start + MAX_CLAIMS_PER_COMMAND])))
+        except RaftcronError as exc:
+            log.info("next slots not recorded (%s); they are sent again when planned again", exc)
+        for item in items:
+            if waiting.get(item["job"]) is item:  # not planned again while it committed
+                del waiting[item["job"]]
 
-    async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int,
-                      walked: list[dict[str, Any]] | None = None) -> bool:
-        if not (claims or summaries or cancel or walked):
+    async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int) -> bool:
+        if not (claims or summaries or cancel):
             return True
         term = self.svc.node.status().term
         ok = True
         for start in range(0, max(len(claims), 1), MAX_CLAIMS_PER_COMMAND):
             chunk = tuple(claims[start : start + MAX_CLAIMS_PER_COMMAND])
             first = start == 0
-            # The next slots go with the last chunk: recorded once every decision of this tick
-            # is applied (a job's walk then starts where the leader's ended).
-            last = start + MAX_CLAIMS_PER_COMMAND >= len(claims)
             cmd = ClaimSlots(at_us=now, leader=self.svc.node_id, term=term, claims=chunk,
-                             cancel=tuple(cancel) if first else (), summaries=tuple(summaries) if first else (),
-                             next=tuple(walked or ()) if last else ())
+                             cancel=tuple(cancel) if first else (), summaries=tuple(summaries) if first else ())
             result, _ = await self.svc.propose(cmd)
             if isinstance(result, Rejected):
                 log.error("claim entry refused: %s", result.message)

@@ -28,7 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 from . import alerts
-from .commands import CancelRun, Claim, ClaimSlots, DeleteDeadLetter, FinishRuns, Rejected, RenewLeases, StartRuns
+from .commands import (
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    DeleteDeadLetter,
+    FinishRuns,
+    NoteNextSlots,
+    Rejected,
+    RenewLeases,
+    StartRuns,
+)
 from .planner import walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
@@ -36,7 +46,7 @@ from .store import Store
 
 __all__ = [
     "claim", "start", "renew", "finish", "expire", "cancel", "delete_dead", "withdraw_claims", "trim",
-    "drop_history", "expire_history", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
+    "drop_history", "expire_history", "note_next", "token_of", "run_id_of", "ACTIVE", "TERMINAL", "LOSS_ATTEMPTS",
 ]
 
 MAX_CLAIMS_PER_ENTRY = 65536
@@ -103,23 +113,29 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         _summarise(state, s, cmd.at_us)
         summaries.append(s)
     _alert_missed(state, created, summaries, cmd.at_us)
-    _note_next(state, cmd.next)
     return {"runs": created, "refused": refused, "cancelled": cancelled}
 
 
-def _note_next(state: Store, items: tuple[dict[str, Any], ...]) -> None:
-    """Keep each job's next slot as the leader walked it, if the job is still at the version it
-    planned and its walk now starts where the leader's ended (this entry's decisions applied);
-    anything else the leader planned against no longer holds, and is dropped."""
-    for n in items:
-        name, version, walked, slot = n.get("job"), n.get("version"), n.get("from_us"), n.get("slot_us")
-        if not isinstance(name, str) or (rec := state.jobs.get(name)) is None:
+def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:
+    """Keep each job's next slot as a leader walked it, if it is still the same job (created
+    when the leader's was), at the version it planned, and its walk now starts where the
+    leader's ended; anything else the leader planned against no longer holds, and is dropped."""
+    kept = 0
+    for n in cmd.slots:
+        name, version, created = n.get("job"), n.get("version"), n.get("created_us")
+        walked, slot, epoch = n.get("from_us"), n.get("slot_us"), n.get("epoch")
+        if not isinstance(name, str) or (rec := state.jobs.get(name)) is None or not isinstance(epoch, str):
             continue
-        if type(version) is not int or type(walked) is not int or not (slot is None or type(slot) is int):
+        if type(version) is not int or type(created) is not int or type(walked) is not int \
+                or not (slot is None or type(slot) is int):
             continue
-        if rec["version"] != version or walk_from_us(rec) != walked or rec.get("next_slot") == [version, walked, slot]:
+        if rec["version"] != version or rec["created_us"] != created or walk_from_us(rec) != walked:
             continue
-        state.jobs[name] = {**rec, "next_slot": [version, walked, slot]}
+        record = [epoch, version, created, walked, slot]
+        if rec.get("next_slot") != record:
+            state.jobs[name] = {**rec, "next_slot": record}
+            kept += 1
+    return {"kept": kept}
 
 
 def _floor(rec: dict[str, Any] | None) -> int | None:

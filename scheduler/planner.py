@@ -25,6 +25,8 @@ before the edit are not run, caught up, skipped or missed.
 
 from __future__ import annotations
 
+import importlib
+import zoneinfo
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -69,7 +71,7 @@ class JobPlan:
     # The walk's end, when it ended at the schedule's next slot beyond the horizon (not cut by
     # max_walk): (walked to, that slot or None when the schedule has no more). Once this plan's
     # decisions are applied the job's walk starts at ``walked to``, and its next slot is known
-    # to every later leader (``ClaimSlots.next``, ``known_next_slot``).
+    # to every later leader (``NoteNextSlots``, ``known_next_slot``).
     walk_end: tuple[int, int | None] | None = None
 
 
@@ -141,17 +143,48 @@ def decides_ahead(job: Job) -> bool:
     return job.concurrency is Concurrency.ALLOW and not job.paused
 
 
+def _tz_version() -> str:
+    """The IANA time zone release this process reads (zoneinfo's first source), or ''."""
+    for root in zoneinfo.TZPATH:
+        try:
+            with open(f"{root}/tzdata.zi", encoding="ascii", errors="replace") as f:
+                first = f.readline().split()
+            if first[:2] == ["#", "version"] and len(first) > 2:
+                return first[2]
+        except OSError:
+            continue
+    try:
+        return str(importlib.import_module("tzdata").IANA_VERSION)  # the package zoneinfo falls back on
+    except (ImportError, AttributeError):
+        return ""
+
+
+_PLAN_CODE = "1"  # raised with any change to how slots are computed (schedule.py, upcoming)
+PLAN_EPOCH = f"{_PLAN_CODE}/{_tz_version()}"
+"""What a recorded next slot was computed by: a leader trusts only those of its own epoch, so a
+release that computes slots differently, or a node reading another time zone release, plans
+the job itself rather than wait for a slot another computation found."""
+
+
 def known_next_slot(rec: dict[str, Any]) -> tuple[bool, int | None]:
-    """(known, slot): the job's next slot as a leader recorded it (``ClaimSlots.next``), if
-    that record still holds: made for the job's current version and from where its walk now
-    starts. Any edit (a new version) or decision since (a new start of the walk) voids it."""
+    """(known, slot): the job's next slot as a leader recorded it (``NoteNextSlots``), if that
+    record still holds: made for this very job (its creation instant), at its current version,
+    from where its walk now starts, by a planner of this node's epoch. Any edit (a new version)
+    or decision since (a new start of the walk) voids it."""
     kept = rec.get("next_slot")
-    if not isinstance(kept, (list, tuple)) or len(kept) != 3:
+    if not isinstance(kept, (list, tuple)) or len(kept) != 5:
         return False, None
-    version, walked_to, slot = kept
-    if version != rec["version"] or walked_to != walk_from_us(rec):
+    epoch, version, created, walked_to, slot = kept
+    if epoch != PLAN_EPOCH or version != rec["version"] or created != rec["created_us"] \
+            or walked_to != walk_from_us(rec):
         return False, None
     return True, slot
+
+
+def next_slot_record(rec: dict[str, Any], name: str, walked_to: int, slot: int | None) -> dict[str, Any]:
+    """The ``NoteNextSlots`` item for a job planned from ``rec`` whose walk ended at ``walked_to``."""
+    return {"job": name, "version": rec["version"], "created_us": rec["created_us"], "from_us": walked_to,
+            "slot_us": slot, "epoch": PLAN_EPOCH}
 
 
 def walk_from_us(rec: dict[str, Any]) -> int:

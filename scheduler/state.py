@@ -35,6 +35,7 @@ from .commands import (
     JobPlanning,
     NodeClock,
     Noop,
+    NoteNextSlots,
     PauseJob,
     PutJob,
     PutJobs,
@@ -172,6 +173,8 @@ class State(Store):
                 return self._alert_results(cmd)
             case NodeClock():
                 return self._node_clock(cmd)
+            case NoteNextSlots():
+                return ledger.note_next(self, cmd)
             case JobPlanning():
                 return self._job_planning(cmd)
         return Rejected("invalid", f"no transition for {cmd.TAG!r}")

@@ -24,6 +24,7 @@ from scheduler.commands import (
     JobPlanning,
     NodeClock,
     Noop,
+    NoteNextSlots,
     PauseJob,
     PutJob,
     PutJobs,
@@ -83,6 +84,10 @@ SAMPLES: dict[str, Command] = {
                             term=7, reason="its clock is +3.000s from the leader's"),
     "job_planning": JobPlanning(at_us=T0, job="a", version=3, error="OverflowError: date value out of range",
                                 leader="n1", term=7),
+    "note_next_slots": NoteNextSlots(at_us=T0, leader="n1", term=7, slots=(
+        {"job": "a", "version": 3, "created_us": T0, "from_us": T0, "slot_us": T0 + 60_000_000, "epoch": "1/2025b"},
+        {"job": "b", "version": 1, "created_us": T0, "from_us": T0, "slot_us": None, "epoch": "1/2025b"},
+    )),
 }
 
 
@@ -117,6 +122,7 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
         "alert_results": dict(leader="n", results=()),
         "node_clock": dict(node="n", offset_us=None, error_us=None, skewed=False, leader="n", term=1),
         "job_planning": dict(job="x", version=1, error=None, leader="n", term=1),
+        "note_next_slots": dict(leader="n", term=1, slots=()),
     }.get(tag, {})
     cmd = cls(at_us=0, **required)  # type: ignore[arg-type]
     assert decode_command(encode_command(cmd)) == cmd

@@ -735,35 +735,46 @@ def test_a_run_finished_before_its_start_was_reported_still_raises_its_late_aler
     assert events == ([("late", run["id"])] if alerted else [])
 
 
-# ---- next slots a leader walked to (ClaimSlots.next) ---------------------------------------
+# ---- next slots a leader walked to (NoteNextSlots) ----------------------------------------
 
 
-def _next(h: Any, *claims: Claim, version: int, from_us: int, slot_us: int | None) -> None:
-    from scheduler.commands import ClaimSlots
-    h.ok(ClaimSlots(at_us=T0, leader="n1", term=1, claims=claims,
-                    next=({"job": "ping", "version": version, "from_us": from_us, "slot_us": slot_us},)))
+def _note(h: Any, **over: Any) -> dict[str, Any]:
+    from scheduler.commands import NoteNextSlots
+    from scheduler.planner import PLAN_EPOCH
+    rec = h.state.jobs["ping"]
+    item = {"job": "ping", "version": rec["version"], "created_us": rec["created_us"], "from_us": slot(1),
+            "slot_us": slot(2), "epoch": PLAN_EPOCH, **over}
+    result: dict[str, Any] = h.ok(NoteNextSlots(at_us=T0, leader="n1", term=1, slots=(item,)))
+    return result
 
 
-def test_a_next_slot_is_kept_only_where_the_walk_now_starts_and_for_the_current_version(h: Any) -> None:
+def test_a_next_slot_is_kept_only_for_the_same_job_version_and_walk_start(h: Any) -> None:
     from scheduler.planner import known_next_slot
     h.put("ping", schedule="* * * * *")
     version = h.state.jobs["ping"]["version"]
-    _next(h, sched("ping", 1), version=version, from_us=slot(1), slot_us=slot(2))
-    assert known_next_slot(h.state.jobs["ping"]) == (True, slot(2))  # the claim moved the walk to slot 1
-    _next(h, version=version, from_us=slot(0), slot_us=slot(1))  # walked from elsewhere: dropped
-    assert h.state.jobs["ping"]["next_slot"] == [version, slot(1), slot(2)]
-    _next(h, version=version + 1, from_us=slot(1), slot_us=slot(9))  # planned against another version
-    assert h.state.jobs["ping"]["next_slot"] == [version, slot(1), slot(2)]
+    h.claim_one("ping", slot(1))
+    assert _note(h) == {"kept": 1}
+    assert known_next_slot(h.state.jobs["ping"]) == (True, slot(2))
+    assert _note(h) == {"kept": 0}  # the same again changes nothing
+    for over in ({"from_us": slot(0)}, {"version": version + 1}, {"created_us": T0 - 1},
+                 {"version": True}, {"slot_us": "x"}, {"epoch": None}, {"job": 7}):
+        assert _note(h, **{"slot_us": slot(5), **over}) == {"kept": 0}, over
+    assert known_next_slot(h.state.jobs["ping"]) == (True, slot(2))
+    _note(h, slot_us=slot(3), epoch="another planner")  # kept, but no leader of this epoch trusts it
+    assert known_next_slot(h.state.jobs["ping"]) == (False, None)
+    _note(h)
     h.claim_one("ping", slot(2))  # a later decision voids it without touching it
     assert known_next_slot(h.state.jobs["ping"]) == (False, None)
-    _next(h, version=version, from_us=slot(2), slot_us=slot(3))
+    _note(h, from_us=slot(2), slot_us=slot(3))
+    assert known_next_slot(h.state.jobs["ping"]) == (True, slot(3))
     h.put("ping", schedule="*/2 * * * *", at_us=slot(2) - SEC)  # an edit voids it too (a new version)
     assert known_next_slot(h.state.jobs["ping"]) == (False, None)
 
 
-def test_a_claim_entry_without_next_slots_encodes_as_before(h: Any) -> None:
-    from raftlog.codec import decode
-    from scheduler.commands import ClaimSlots, decode_command, encode_command
-    cmd = ClaimSlots(at_us=T0, leader="n1", term=1, claims=(sched("ping", 1),))
-    assert "next" not in decode(encode_command(cmd)).data  # readable by a node that predates the field
-    assert decode_command(encode_command(cmd)) == cmd
+def test_next_slots_are_an_entry_of_their_own_not_a_field_of_the_claims(h: Any) -> None:
+    from dataclasses import fields
+
+    from scheduler.commands import ClaimSlots
+    # A node of an older release refuses an entry with a field or tag it does not know: the
+    # claims must never carry them, or such a node would refuse decisions, not just a hint.
+    assert {f.name for f in fields(ClaimSlots)} == {"at_us", "leader", "term", "claims", "cancel", "summaries"}

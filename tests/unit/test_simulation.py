@@ -302,26 +302,26 @@ async def test_a_new_leader_trusts_the_next_slots_recorded_and_parses_no_job_bef
         await sim.close()
 
 
-async def test_next_slots_ride_on_an_entry_that_decides_or_wait_for_enough_or_long_enough() -> None:
-    from scheduler.commands import ClaimSlots
+async def test_next_slots_go_in_an_entry_of_their_own_once_enough_wait_or_long_enough() -> None:
+    from scheduler.commands import NoteNextSlots
     sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
     try:
         sent: list[tuple[str, ...]] = []
-        sim.node.hooks.append(lambda a: sent.append(tuple(n["job"] for n in a.command.next))
-                              if isinstance(a.command, ClaimSlots) and a.command.next else None)
+        sim.node.hooks.append(lambda a: sent.append(tuple(n["job"] for n in a.command.slots))
+                              if isinstance(a.command, NoteNextSlots) else None)
         await sim.put(_job("yearly", "0 0 1 1 *"))
+        await sim.put(_job("soon", "*/10 * * * * *"))
         await sim.step(0)
-        assert sent == [] and "next_slot" not in sim.state.jobs["yearly"]  # no entry of its own yet
-        await sim.put(_job("soon", "*/10 * * * * *"))  # its first claim goes out within the horizon
-        await sim.step(9)
-        assert sent and "yearly" in sent[0], sent  # riding on the claim entry
-        await sim.put(_job("lonely", "0 0 1 1 *"))
-        sent.clear()
-        await sim.step(0)  # planned, its next slot held back
-        assert not any("lonely" in names for names in sent), sent
-        await sim.step(LeaderConfig().walked_wait + 1)
-        assert any("lonely" in names for names in sent), sent
-        assert sim.state.jobs["yearly"]["next_slot"][2] == us(datetime(2027, 1, 1, tzinfo=UTC))
+        await sim.step(LeaderConfig().walked_wait - 1)  # neither enough waiting nor long enough
+        assert sent == [] and "next_slot" not in sim.state.jobs["yearly"]
+        await sim.step(2)
+        assert len(sent) == 1 and {"yearly", "soon"} <= set(sent[0]), sent
+        assert sim.state.jobs["yearly"]["next_slot"][4] == us(datetime(2027, 1, 1, tzinfo=UTC))
+        sim.leader.cfg = LeaderConfig(tick=0.01, lease=5.0, walked_batch=3)
+        for name in ("a1", "a2", "a3"):
+            await sim.put(_job(name, "0 0 1 1 *"))
+        await sim.step(0)
+        assert {"a1", "a2", "a3"} <= set(sent[-1]), sent  # enough waiting: sent at once
     finally:
         await sim.close()
 
