@@ -103,6 +103,7 @@ class LeaderLoop:
         self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
         self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (NoteNextSlots), by job
         self._walked_since = 0.0  # when the oldest of them was planned (monotonic)
+        self._sending: asyncio.Task[None] | None = None  # the NoteNextSlots commit in flight
 
     # ---- notifications from applied entries (event-loop thread) ----------------
 
@@ -147,16 +148,22 @@ class LeaderLoop:
                 heap.append((max(0, slot - horizon), name))
         heapq.heapify(heap)
         self._heap = heap
-        while self.svc.node.is_leader() and self.svc.node.status().term == term:
-            try:
-                await self._tick(led_since)
-                self.ticks += 1
-            except RaftcronError as exc:
-                log.warning("leader tick could not commit: %s", exc)
-                if not self.svc.node.is_leader():
-                    break
-                await self.clock.sleep(self.cfg.tick)
-            await self._sleep()
+        try:
+            while self.svc.node.is_leader() and self.svc.node.status().term == term:
+                try:
+                    await self._tick(led_since)
+                    self.ticks += 1
+                except RaftcronError as exc:
+                    log.warning("leader tick could not commit: %s", exc)
+                    if not self.svc.node.is_leader():
+                        break
+                    await self.clock.sleep(self.cfg.tick)
+                await self._sleep()
+        finally:
+            sending, self._sending = self._sending, None
+            if sending is not None and not sending.done():
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
         log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
 
     def unplanned(self) -> int:
@@ -253,7 +260,7 @@ class LeaderLoop:
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
             claims += dependency_claims(pending, dep_jobs, picker)
         ok = await self._commit(claims, summaries, cancel, now)
-        await self._send_walked(now, mono)
+        self._send_walked(now, mono)
         if ok and self._unplanned:
             self._unplanned.difference_update(names)
         await self._record_planning(recorded, now)
@@ -320,26 +327,30 @@ class LeaderLoop:
         gone = {n for n, since in self._unreachable_since.items() if mono - since >= self.cfg.lease}
         return known - gone
 
-    async def _send_walked(self, now: int, mono: float) -> None:
+    def _send_walked(self, now: int, mono: float) -> None:
         """Send the next slots walked to (``NoteNextSlots``) once enough wait or the oldest has
         waited long enough: an entry of their own every few seconds at most, whatever the rate
-        of decisions. Lost ones (a failed commit, a lost leadership) only mean that a later
-        leader plans those jobs at once."""
+        of decisions, committed beside the ticks (one send at a time), never waited for by a
+        tick that has slots to decide. Lost ones (a failed commit, a lost leadership) only mean
+        that a later leader plans those jobs at once."""
         waiting = self._walked
         if not waiting or (len(waiting) < self.cfg.walked_batch and mono - self._walked_since < self.cfg.walked_wait):
             return
+        if self._sending is not None and not self._sending.done():
+            return
         items = list(waiting.values())
+        self._walked = {}
         self._walked_since = mono
-        term = self.svc.node.status().term
+        self._sending = asyncio.create_task(self._propose_walked(items, now, self.svc.node.status().term),
+                                            name="next-slots")
+
+    async def _propose_walked(self, items: list[dict[str, Any]], now: int, term: int) -> None:
         try:
             for start in range(0, len(items), MAX_CLAIMS_PER_COMMAND):
                 await self.svc.propose(NoteNextSlots(at_us=now, leader=self.svc.node_id, term=term,
                                                      slots=tuple(items[start : start + MAX_CLAIMS_PER_COMMAND])))
         except RaftcronError as exc:
-            log.info("next slots not recorded (%s); they are sent again when planned again", exc)
-        for item in items:
-            if waiting.get(item["job"]) is item:  # not planned again while it committed
-                del waiting[item["job"]]
+            log.info("next slots not recorded (%s); a later leader plans those jobs at once", exc)
 
     async def _commit(self, claims: list[Claim], summaries: list[dict[str, Any]], cancel: list[str], now: int) -> bool:
         if not (claims or summaries or cancel):
