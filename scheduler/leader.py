@@ -100,6 +100,7 @@ class LeaderLoop:
         self._unreachable_since: dict[str, float] = {}
         self._picker: Picker | None = None
         self._scanned = float("-inf")
+        self._picked_nodes = 0  # registered nodes when the picker was built
         self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
         self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (NoteNextSlots), by job
         self._walked_since = 0.0  # when the oldest of them was planned (monotonic)
@@ -201,7 +202,10 @@ class LeaderLoop:
         self._dirty.clear()
         while self._heap and self._heap[0][0] <= now and len(names) < self.cfg.max_jobs_per_tick:
             names.add(heapq.heappop(self._heap)[1])
-        scan = self._picker is None or mono - self._scanned >= self.cfg.scan
+        # A node registered since the last scan is not in the picker yet: scan now, or a job
+        # planned in between finds "no live node" and its slots are recorded failed (seen in
+        # a cluster that had just started: a job made 60 ms after the last registration).
+        scan = self._picker is None or mono - self._scanned >= self.cfg.scan or len(self.state.nodes) != self._picked_nodes
         active: list[RunRecord] = []
         live: set[str] = set()
         if scan:
@@ -210,6 +214,7 @@ class LeaderLoop:
             live = self.live()
             active = self.state.active_runs()
             self._picker = self.svc.picker(live, active)
+            self._picked_nodes = len(self.state.nodes)
             self._scanned = mono
         picker = self._picker
         assert picker is not None

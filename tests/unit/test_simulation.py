@@ -358,3 +358,28 @@ async def test_a_new_leader_plans_a_large_state_a_slice_per_tick_and_counts_what
         assert sim.clock.now() == start, "planned without waiting for time to pass"
     finally:
         await sim.close()
+
+
+async def test_a_node_registered_since_the_last_scan_is_in_the_picker_at_once() -> None:
+    start = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+    sim = await _sim(start)
+    try:
+        sim.node.leading = False
+        sim.task.cancel()
+        await asyncio.gather(sim.task, return_exceptions=True)
+        sim.node.term += 1
+        sim.node.leading = True
+        # A scan an hour apart: only a registration can bring the new node into the picker.
+        sim.leader = LeaderLoop(sim.service, sim.clock, LeaderConfig(tick=0.01, lease=5.0, scan=3600.0),
+                                lambda: {"n1", "n2"})
+        sim.node.hooks.append(sim.leader.notify)
+        sim.task = asyncio.create_task(sim.leader.run(), name="leader")
+        await sim.step(0)  # the picker is built: n1 alone
+        await sim.service.propose(RegisterNode(at_us=us(start), node_id="n2", raft_addr="mem:3", http_addr="mem:4",
+                                               tags={"zone": "b"}))
+        await sim.put(_job("zoned", "*/10 * * * * *", target={"tags": {"zone": "b"}}))
+        await sim.step(9)
+        runs = [r for r in sim.state.runs.values() if r["job"] == "zoned"]
+        assert runs and all(r["node"] == "n2" and r["status"] != "failed" for r in runs), runs
+    finally:
+        await sim.close()
