@@ -48,6 +48,7 @@ from .planner import (
     known_next_slot,
     next_slot_record,
     plan_job,
+    stored_next_slot,
 )
 from .runs import RunRecord
 from .service import Service
@@ -245,7 +246,7 @@ class LeaderLoop:
                 walked_to, slot = plan.walk_end
                 item = next_slot_record(rec, name, walked_to, slot)
                 # Unless the job's record says so already (a plan with nothing to decide).
-                if rec.get("next_slot") != [item["epoch"], item["version"], item["created_us"], walked_to, slot]:
+                if rec.get("next_slot") != stored_next_slot(item):
                     if not self._walked:
                         self._walked_since = mono
                     self._walked[name] = item

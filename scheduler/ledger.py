@@ -39,7 +39,7 @@ from .commands import (
     RenewLeases,
     StartRuns,
 )
-from .planner import walk_from_us
+from .planner import stored_next_slot, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .sections import Delivery, DependsOnCondition
 from .store import Store
@@ -131,7 +131,7 @@ def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:
             continue
         if rec["version"] != version or rec["created_us"] != created or walk_from_us(rec) != walked:
             continue
-        record = [epoch, version, created, walked, slot]
+        record = stored_next_slot(n)
         if rec.get("next_slot") != record:
             state.jobs[name] = {**rec, "next_slot": record}
             kept += 1

@@ -181,6 +181,11 @@ def known_next_slot(rec: dict[str, Any]) -> tuple[bool, int | None]:
     return True, slot
 
 
+def stored_next_slot(item: dict[str, Any]) -> list[Any]:
+    """How a ``NoteNextSlots`` item is kept in the job's record (``next_slot``)."""
+    return [item["epoch"], item["version"], item["created_us"], item["from_us"], item["slot_us"]]
+
+
 def next_slot_record(rec: dict[str, Any], name: str, walked_to: int, slot: int | None) -> dict[str, Any]:
     """The ``NoteNextSlots`` item for a job planned from ``rec`` whose walk ended at ``walked_to``."""
     return {"job": name, "version": rec["version"], "created_us": rec["created_us"], "from_us": walked_to,
