@@ -8,21 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
+import math
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import yarl
 
 from ..pattern import BodyPattern, compile_pattern
 from ..redaction import mask_url, scrub_urls
 from .base import Attempt, Outcome, OutcomeStatus, identity
 from .shell import OutputTail
 
-__all__ = ["HttpExecutor", "MATCH_CAP"]
+__all__ = ["CONNECTIONS_PER_HOST", "HttpExecutor", "MATCH_CAP"]
+
+CONNECTIONS_PER_HOST = 64
+"""Connections one node holds open to one host (scheme, host and port) at once; an attempt
+beyond them waits for one to come free, within its own timeout. Without a bound, thousands of
+slots due at the same instant opened thousands of connections at once: the target's accept
+queue overflowed, and the dropped connections were retried by TCP after 1, 3 and 7 s (measured:
+3,000 slots due together, the last started 10.6 s late against 1.0 s for three processes
+sending the same requests 64 at a time; ``python -m bench.burst``). Waits are counted, and a
+wait over ``WAIT_WARNING`` is logged (once a minute per host), so the queue is never silent."""
+
+WAIT_WARNING = 1.0
 
 MATCH_CAP = 64 * 1024
 """Bytes from the start of the body that ``expect_body`` is searched in: a response
@@ -32,6 +47,8 @@ program size (capped): 0.004-1.5 ms per 64 KiB for everyday patterns, up to ~0.4
 worst measured under the cap, so the search runs in a thread (RE2 releases the GIL)."""
 
 _CHUNK = 64 * 1024
+
+log = logging.getLogger("raftcron.http")
 
 
 def _utcnow() -> datetime:
@@ -58,12 +75,30 @@ class _Response:
         return self.tail.text(self.charset)
 
 
-class HttpExecutor:
-    """Runs ``http`` jobs over one lazily created aiohttp session; ``await close()`` it."""
+@dataclass(slots=True)
+class _Wait:
+    """One request's wait for a connection (its ``trace_request_ctx``)."""
 
-    def __init__(self, *, now: Callable[[], datetime] = _utcnow) -> None:
+    host: str
+    since: float | None = None
+    waited: float | None = None
+
+
+class HttpExecutor:
+    """Runs ``http`` jobs over one lazily created aiohttp session; ``await close()`` it.
+
+    ``per_host``: connections open to one host at once (``CONNECTIONS_PER_HOST``; 0: no bound)."""
+
+    def __init__(self, *, now: Callable[[], datetime] = _utcnow, per_host: int = CONNECTIONS_PER_HOST) -> None:
+        if per_host < 0:
+            raise ValueError(f"connections per host must be 0 (no bound) or more, not {per_host}")
         self._now = now
+        self.per_host = per_host
         self._session: aiohttp.ClientSession | None = None
+        self.waits = 0  # attempts that waited for a connection to their host
+        self.waiting = 0  # attempts waiting for one now
+        self.longest_wait = 0.0
+        self._warned: dict[str, float] = {}  # host -> when a long wait was last logged (monotonic)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -78,11 +113,45 @@ class HttpExecutor:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 # The attempt's own deadline is the only timeout (aiohttp's default is 5 min).
                 timeout=aiohttp.ClientTimeout(total=None),
-                # The scheduler bounds concurrency; a connector cap would silently queue attempts.
-                connector=aiohttp.TCPConnector(limit=0),
+                # Per host only (see CONNECTIONS_PER_HOST): attempts to other hosts never wait
+                # behind one host's slow answers; the scheduler bounds concurrency overall.
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.per_host),
                 headers={"User-Agent": "raftcron"},
+                trace_configs=[self._tracing()],
             )
         return self._session
+
+    def _tracing(self) -> aiohttp.TraceConfig:
+        trace = aiohttp.TraceConfig()
+
+        async def queued(_s: aiohttp.ClientSession, ctx: Any, _p: aiohttp.TraceConnectionQueuedStartParams) -> None:
+            if isinstance(ctx.trace_request_ctx, _Wait):
+                ctx.trace_request_ctx.since = time.monotonic()
+                self.waiting += 1
+
+        async def dequeued(_s: aiohttp.ClientSession, ctx: Any, _p: aiohttp.TraceConnectionQueuedEndParams) -> None:
+            wait = ctx.trace_request_ctx
+            if isinstance(wait, _Wait) and wait.since is not None:
+                wait.waited = time.monotonic() - wait.since
+                self.waiting -= 1
+                self._waited(wait)
+
+        trace.on_connection_queued_start.append(queued)
+        trace.on_connection_queued_end.append(dequeued)
+        return trace
+
+    def _waited(self, wait: _Wait) -> None:
+        seconds = wait.waited or 0.0
+        self.waits += 1
+        self.longest_wait = max(self.longest_wait, seconds)
+        if seconds < WAIT_WARNING:
+            return
+        now = time.monotonic()
+        if now - self._warned.get(wait.host, -math.inf) >= 60.0:
+            self._warned[wait.host] = now
+            log.warning("an attempt waited %.1fs for a connection to %s: %d are open to it already "
+                        "(--http-connections-per-host); logged at most once a minute per host",
+                        seconds, wait.host, self.per_host)
 
     async def run(self, attempt: Attempt) -> Outcome:
         started = self._now()
@@ -93,11 +162,19 @@ class HttpExecutor:
             # Judged before sending: never fire a side effect whose result cannot be judged.
             return self._outcome(started, OutcomeStatus.FAILED, error=f"invalid expect_body regex: {exc}")
         response = _Response(head_cap=MATCH_CAP if pattern else 0)
+        wait = _Wait(host=_host(spec["url"]))
         try:
             async with asyncio.timeout(attempt.timeout):
-                await self._exchange(attempt, response)
+                try:
+                    await self._exchange(attempt, response, wait)
+                finally:
+                    if wait.since is not None and wait.waited is None:
+                        self.waiting -= 1  # given up in the queue: aiohttp tells no end of the wait then
         except TimeoutError:
             error = f"timed out after {attempt.timeout:g}s"
+            if wait.since is not None and wait.waited is None:
+                error += (f", waiting for a connection to {wait.host} ({self.per_host} open to it already; "
+                          "--http-connections-per-host)")
             return self._outcome(started, OutcomeStatus.TIMED_OUT, response, error=error)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             # An aiohttp message may quote the URL (or a redirect's) whole: scrub every URL in it.
@@ -110,7 +187,7 @@ class HttpExecutor:
         status = OutcomeStatus.FAILED if verdict else OutcomeStatus.SUCCEEDED
         return self._outcome(started, status, response, error=verdict)
 
-    async def _exchange(self, attempt: Attempt, response: _Response) -> None:
+    async def _exchange(self, attempt: Attempt, response: _Response, wait: _Wait) -> None:
         spec = attempt.spec
         body: str | None = spec.get("body")
         async with self._client().request(
@@ -118,6 +195,7 @@ class HttpExecutor:
             spec["url"],
             headers=_headers(attempt),
             data=body.encode("utf-8") if body is not None else None,
+            trace_request_ctx=wait,
         ) as resp:
             response.status = resp.status
             response.charset = _charset(resp.charset)
@@ -213,6 +291,15 @@ def _describe(exc: BaseException, url: str) -> str:
     if isinstance(exc, aiohttp.ClientResponseError):
         return f"bad response: {exc.message}: {where}"
     return f"request failed: {str(exc) or type(exc).__name__}: {where}"
+
+
+def _host(url: str) -> str:
+    """The scheme, host and port a connection is kept for, as a log line may show it."""
+    try:
+        u = yarl.URL(url)
+        return f"{u.scheme}://{u.host}:{u.port}"
+    except (ValueError, TypeError):
+        return _display(url)
 
 
 def _display(url: str) -> str:

@@ -281,3 +281,104 @@ async def test_usable_again_after_close(hook: Hook, executor: HttpExecutor) -> N
     outcome = await executor.run(attempt(hook.url("/echo")))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert len(hook.requests) == 2
+
+
+# ---- connections per host ----------------------------------------------------------------------------
+
+
+async def _held_server(held: dict[str, Any]) -> TestServer:
+    """A receiver that holds every request until ``held["release"]`` is set, counting those it holds."""
+    async def handle(request: web.Request) -> web.Response:
+        held["now"] += 1
+        held["most"] = max(held["most"], held["now"])
+        try:
+            await held["release"].wait()
+        finally:
+            held["now"] -= 1
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hold", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+async def test_a_burst_to_one_host_opens_at_most_the_bound_and_every_attempt_is_sent() -> None:
+    """Thousands of slots due at one instant opened a connection each at once: the target's
+    accept queue overflowed and TCP retried the dropped ones 1, 3 and 7 s later. Now one host
+    gets at most ``CONNECTIONS_PER_HOST`` at once from a node; the rest wait for one to free."""
+    from scheduler.executors.http import CONNECTIONS_PER_HOST
+
+    n = 3 * CONNECTIONS_PER_HOST
+    held: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
+    server = await _held_server(held)
+    ex = HttpExecutor()
+    try:
+        url = str(server.make_url("/hold"))
+        tasks = [asyncio.create_task(ex.run(attempt(url, timeout=60))) for _ in range(n)]
+        deadline = time.monotonic() + 30
+        # Every attempt is either held by the receiver or waiting for a connection (bounded wait).
+        while held["now"] + ex.waiting < n and time.monotonic() < deadline and held["now"] <= CONNECTIONS_PER_HOST:
+            await asyncio.sleep(0.01)
+        at_most = held["most"]
+        held["release"].set()
+        outcomes = await asyncio.gather(*tasks)
+    finally:
+        held["release"].set()
+        await ex.close()
+        await server.close()
+    assert at_most == CONNECTIONS_PER_HOST
+    assert [o.status for o in outcomes] == [OutcomeStatus.SUCCEEDED] * n
+    assert ex.waits == n - CONNECTIONS_PER_HOST and ex.waiting == 0
+
+
+async def test_an_attempt_that_times_out_waiting_for_a_connection_says_so() -> None:
+    held: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
+    server = await _held_server(held)
+    ex = HttpExecutor(per_host=1)
+    try:
+        url = str(server.make_url("/hold"))
+        first = asyncio.create_task(ex.run(attempt(url, timeout=60)))
+        deadline = time.monotonic() + 30
+        while held["now"] < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        second = await ex.run(attempt(url, timeout=0.3))
+        assert ex.waiting == 0  # the wait given up is not counted as still waiting
+        held["release"].set()
+        assert (await first).status is OutcomeStatus.SUCCEEDED
+    finally:
+        held["release"].set()
+        await ex.close()
+        await server.close()
+    assert second.status is OutcomeStatus.TIMED_OUT
+    assert second.error == (f"timed out after 0.3s, waiting for a connection to {url.removesuffix('/hold')} "
+                            "(1 open to it already; --http-connections-per-host)")
+
+
+async def test_other_hosts_do_not_wait_behind_a_host_at_its_bound() -> None:
+    held: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
+    server = await _held_server(held)
+    other: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
+    other["release"].set()
+    server2 = await _held_server(other)
+    ex = HttpExecutor(per_host=1)
+    try:
+        first = asyncio.create_task(ex.run(attempt(str(server.make_url("/hold")), timeout=60)))
+        deadline = time.monotonic() + 30
+        while held["now"] < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        elsewhere = await ex.run(attempt(str(server2.make_url("/hold")), timeout=30))
+        assert elsewhere.status is OutcomeStatus.SUCCEEDED and ex.waits == 0
+        held["release"].set()
+        await first
+    finally:
+        held["release"].set()
+        await ex.close()
+        await server.close()
+        await server2.close()
+
+
+def test_a_negative_bound_is_refused() -> None:
+    with pytest.raises(ValueError, match="connections per host must be 0"):
+        HttpExecutor(per_host=-1)
