@@ -4,6 +4,9 @@ Three kinds of source, each read where it is safe to:
 
 - applied log entries (``on_applied``, called from the agent's ``_dispatch`` on
   the event loop): runs by job and status, retries, lease expiries, elections.
+  Per-job series (``JobSeries``) are one small list per job, for at most
+  ``max_jobs`` jobs; the jobs beyond are counted together as ``job="_other"``
+  (no job name starts with ``_``).
   Entries replayed from this node's journal at start-up are not counted: they
   describe the past, and counting them again after a restart would show as a
   burst of activity that never happened;
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import gc
 import logging
+from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from raftlog.node import NodeStatus
@@ -45,7 +50,7 @@ from scheduler.commands import (
 from scheduler.runs import RUN_STATUSES, RunStatus, Trigger
 from scheduler.state import Applied, State
 
-__all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "Metrics", "WorkerGauges"]
+__all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "MAX_JOB_SERIES", "OTHER_JOBS", "JobSeries", "Metrics", "WorkerGauges"]
 
 log = logging.getLogger("raftcron.metrics")
 
@@ -54,6 +59,97 @@ PREFIX = "raftcron_"
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 API_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+MAX_JOB_SERIES = 2000
+"""Jobs with series of their own on one node (the first this many it counts since it started);
+the rest share ``job="_other"``. prometheus_client's labelled children cost 190 us and ~7 KB
+a job the first time one ran (counters by status and a duration histogram: +683 MB for
+100,000 jobs, measured in-process), paid inside the burst of slots that first runs them; a
+scrape of 100,000 jobs' series would be millions of lines. The bound is ``--metrics-max-jobs``."""
+OTHER_JOBS = "_other"
+
+_STATUS_AT: dict[str, int] = {status: i for i, status in enumerate(RUN_STATUSES)}
+_RETRIES = len(RUN_STATUSES)
+_EXPIRIES = _RETRIES + 1
+_BUCKETS_AT = _EXPIRIES + 1  # duration bucket counts (not cumulative), the last for +Inf
+_SUM = _BUCKETS_AT + len(DURATION_BUCKETS) + 1
+_WIDTH = _SUM + 1
+
+
+class JobSeries:
+    """Runs by job and status, retries, lease expiries and run durations by job: a list of
+    numbers per job (about 0.4 KB), rendered into metric families when scraped."""
+
+    def __init__(self, max_jobs: int = MAX_JOB_SERIES) -> None:
+        if max_jobs < 0:
+            raise ValueError(f"max_jobs must be 0 or more, not {max_jobs}")
+        self.max_jobs = max_jobs
+        self._rows: dict[str, list[float]] = {}
+        self._other: set[str] = set()  # jobs counted under OTHER_JOBS
+
+    def _row(self, job: str) -> list[float]:
+        row = self._rows.get(job)
+        if row is not None:
+            return row
+        if job in self._other or len(self._rows) - (OTHER_JOBS in self._rows) >= self.max_jobs:
+            if not self._other:
+                log.warning("per-job metrics: %d jobs have series of their own (--metrics-max-jobs); the runs of "
+                            "further jobs are counted under job=%r", self.max_jobs, OTHER_JOBS)
+            self._other.add(job)
+            job = OTHER_JOBS
+            row = self._rows.get(job)
+            if row is not None:
+                return row
+        row = self._rows[job] = [0] * _SUM + [0.0]
+        return row
+
+    def run(self, job: str, status: str) -> None:
+        self._row(job)[_STATUS_AT[status]] += 1
+
+    def retry(self, job: str) -> None:
+        self._row(job)[_RETRIES] += 1
+
+    def expiry(self, job: str) -> None:
+        self._row(job)[_EXPIRIES] += 1
+
+    def duration(self, job: str, seconds: float) -> None:
+        row = self._row(job)
+        row[_BUCKETS_AT + bisect_left(DURATION_BUCKETS, seconds)] += 1
+        row[_SUM] += seconds
+
+    def forget(self, job: str) -> None:
+        """A deleted job's series go with it (its share of ``_other`` stays: that is a sum)."""
+        self._rows.pop(job, None)
+        self._other.discard(job)
+
+    @property
+    def folded(self) -> int:
+        """Jobs counted under ``_other`` now."""
+        return len(self._other)
+
+    def families(self) -> Iterator[Metric]:
+        runs = CounterMetricFamily(PREFIX + "runs", "Runs that entered a status (by job), from entries applied on "
+                                   "this node while it was live", labels=("job", "status"))
+        retries = CounterMetricFamily(PREFIX + "retries", "Attempts claimed with trigger retry", labels=("job",))
+        expiries = CounterMetricFamily(PREFIX + "lease_expiries", "Attempts lost: lease expired or their node "
+                                       "restarted (ExpireRuns, ReportLost)", labels=("job",))
+        durations = HistogramMetricFamily(PREFIX + "run_duration_seconds", "Attempt duration on this node",
+                                          labels=("job",))
+        bounds = [repr(float(b)) for b in DURATION_BUCKETS] + ["+Inf"]  # as prometheus_client writes them
+        for job, row in list(self._rows.items()):
+            for status, i in _STATUS_AT.items():
+                if row[i]:
+                    runs.add_metric((job, status), row[i])
+            if row[_RETRIES]:
+                retries.add_metric((job,), row[_RETRIES])
+            if row[_EXPIRIES]:
+                expiries.add_metric((job,), row[_EXPIRIES])
+            counts = row[_BUCKETS_AT:_SUM]
+            if any(counts):
+                cumulative = list(accumulate(counts))
+                durations.add_metric((job,), list(zip(bounds, cumulative, strict=True)), row[_SUM])
+        yield from (runs, retries, expiries, durations)
 
 
 class WorkerGauges(Protocol):
@@ -68,7 +164,8 @@ class WorkerGauges(Protocol):
 
 class Metrics:
     def __init__(self, *, node_id: str, state: State, raft: Callable[[], NodeStatus],
-                 worker: WorkerGauges | None = None, unplanned: Callable[[], int] | None = None) -> None:
+                 worker: WorkerGauges | None = None, unplanned: Callable[[], int] | None = None,
+                 max_jobs: int = MAX_JOB_SERIES) -> None:
         self.node_id = node_id
         self.state = state
         self.raft = raft
@@ -76,11 +173,7 @@ class Metrics:
         self.unplanned = unplanned
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.runs = Counter(PREFIX + "runs", "Runs that entered a status (by job), from entries applied on "
-                            "this node while it was live", ("job", "status"), registry=r)
-        self.retries = Counter(PREFIX + "retries", "Attempts claimed with trigger retry", ("job",), registry=r)
-        self.lease_expiries = Counter(PREFIX + "lease_expiries", "Attempts lost: lease expired or their node "
-                                      "restarted (ExpireRuns, ReportLost)", ("job",), registry=r)
+        self.jobs = JobSeries(max_jobs)
         self.elections = Counter(PREFIX + "elections", "Leader changes observed (one per term whose leader "
                                  "committed its barrier)", registry=r)
         self.job_writes = Counter(PREFIX + "job_writes", "Job documents written, from entries applied on this "
@@ -92,8 +185,6 @@ class Metrics:
                                         ("outcome",), registry=r)
         self.lateness = Histogram(PREFIX + "start_lateness_seconds", "Seconds from a slot to its attempt's start "
                                   "on this node", buckets=LATENESS_BUCKETS, registry=r)
-        self.duration = Histogram(PREFIX + "run_duration_seconds", "Attempt duration on this node",
-                                  ("job",), buckets=DURATION_BUCKETS, registry=r)
         self.api = Histogram(PREFIX + "api_request_duration_seconds", "API handler latency by route and method",
                              ("route", "method"), buckets=API_BUCKETS, registry=r)
         self._api_children: dict[tuple[str, str], Histogram] = {}
@@ -108,7 +199,7 @@ class Metrics:
 
     def run_finished(self, job: str, status: str, duration_s: float) -> None:
         """``Worker.on_finish``."""
-        self.duration.labels(job).observe(max(0.0, duration_s))
+        self.jobs.duration(job, max(0.0, duration_s))
 
     def observe_api(self, route: str, method: str, seconds: float) -> None:
         """Called by the app for each request a route handled (unmatched paths are not: unbounded labels)."""
@@ -143,23 +234,23 @@ class Metrics:
                     self.elections.inc()
             case ClaimSlots():
                 for run in result["runs"]:
-                    self.runs.labels(run["job"], run["status"]).inc()
+                    self.jobs.run(run["job"], run["status"])
                     if run["trigger"] == Trigger.RETRY:
-                        self.retries.labels(run["job"]).inc()
+                        self.jobs.retry(run["job"])
                 self._by_id(result["cancelled"], RunStatus.CANCELLED)
             case StartRuns():
                 self._by_id(result["started"], RunStatus.RUNNING)
             case FinishRuns():
                 for run in result["finished"]:
-                    self.runs.labels(run["job"], run["status"]).inc()
+                    self.jobs.run(run["job"], run["status"])
             case ExpireRuns() | ReportLost():
                 for run in result["lost"]:
-                    self.runs.labels(run["job"], run["status"]).inc()
-                    self.lease_expiries.labels(run["job"]).inc()
+                    self.jobs.run(run["job"], run["status"])
+                    self.jobs.expiry(run["job"])
             case CancelRun():
                 run = result["cancelled"]
                 if run.get("status") == RunStatus.CANCELLED:
-                    self.runs.labels(run["job"], RunStatus.CANCELLED).inc()
+                    self.jobs.run(run["job"], RunStatus.CANCELLED)
             case PutJob():
                 self.job_writes.labels("put_job", result["change"]).inc()
                 self._by_id(result.get("cancelled") or (), RunStatus.CANCELLED)
@@ -177,14 +268,11 @@ class Metrics:
         for rid in run_ids:
             run = self.state.runs.get(rid)
             if run is not None:
-                self.runs.labels(run["job"], status).inc()
+                self.jobs.run(run["job"], status)
 
     def _forget(self, job: str) -> None:
         """A deleted job's series go with it, or a churn of job names would grow the scrape forever."""
-        for status in RUN_STATUSES:
-            self.runs.remove(job, status)
-        for metric in (self.retries, self.lease_expiries, self.duration):
-            metric.remove(job)
+        self.jobs.forget(job)
 
 
 class _ScrapeCollector:
@@ -230,6 +318,9 @@ class _ScrapeCollector:
         yield _gauge("worker_pending_reports", "Starts and results this worker has not had committed yet",
                      w.pending_reports if w is not None else 0)
         yield _gauge("worker_busy_attempts", "Attempts executing on this node", w.busy if w is not None else 0)
+        yield _gauge("metrics_other_jobs", f"Jobs whose runs are counted under job={OTHER_JOBS!r}: beyond "
+                     "--metrics-max-jobs jobs with series of their own on this node", m.jobs.folded)
+        yield from m.jobs.families()
 
 
 def _clock_offsets(st: NodeStatus, state: State) -> GaugeMetricFamily:

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.agent import Agent, AgentConfig
-from api.metrics import Metrics
+from api.metrics import MAX_JOB_SERIES, OTHER_JOBS, Metrics
 from raftlog.node import NodeStatus
 from scheduler.commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, Noop
 from scheduler.state import Applied, State
@@ -164,10 +164,10 @@ async def test_metrics_need_a_token_like_every_other_path(node: Node) -> None:
 # ---- the counting rules, on a bare Metrics ------------------------------------------------------
 
 
-def _bare() -> Metrics:
+def _bare(max_jobs: int = MAX_JOB_SERIES) -> Metrics:
     status = NodeStatus(raft_addr="a", state="follower", leader="b", term=4, commit_index=9, applied_index=7,
                         has_quorum=True, raft_thread_alive=True)
-    return Metrics(node_id="n1", state=State(), raft=lambda: status)
+    return Metrics(node_id="n1", state=State(), raft=lambda: status, max_jobs=max_jobs)
 
 
 def _run(rid: str, job: str, status: str, trigger: str = "schedule") -> dict[str, Any]:
@@ -213,3 +213,58 @@ def test_one_election_per_term_and_alert_outcomes() -> None:
     alerts = fam["raftcron_alert_deliveries"]
     assert _value(alerts, "raftcron_alert_deliveries_total", outcome="delivered") == 2
     assert _value(alerts, "raftcron_alert_deliveries_total", outcome="failed") == 1
+
+
+# ---- per-job series: bounded ----------------------------------------------------------------------------
+
+
+def _claimed(job: str, rid: str) -> Applied:
+    claim = ClaimSlots(at_us=0, leader="n1", term=4, claims=(Claim(job=job, slot_us=0, trigger="schedule"),))
+    return Applied(claim, 5, {"runs": [_run(rid, job, "claimed")], "refused": [], "cancelled": []})
+
+
+def test_jobs_beyond_the_bound_share_one_series_and_a_deleted_job_frees_its_place() -> None:
+    """Every job that ever ran had series of its own (prometheus_client children: ~7 KB and
+    190 us a job the first time, +683 MB for 100,000 jobs); now at most ``max_jobs`` do."""
+    m = _bare(max_jobs=2)
+    for i, job in enumerate(("a", "b", "c", "d", "c")):
+        m.on_applied(_claimed(job, f"r{i}"), replay=False)
+    m.run_finished("d", "succeeded", 0.02)
+    fam = _samples(m.render().decode())
+    jobs = {s.labels["job"] for f in ("raftcron_runs", "raftcron_run_duration_seconds") for s in fam[f].samples}
+    assert jobs == {"a", "b", OTHER_JOBS}
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job=OTHER_JOBS, status="claimed") == 3
+    assert _value(fam["raftcron_run_duration_seconds"], "raftcron_run_duration_seconds_count", job=OTHER_JOBS) == 1
+    assert _value(fam["raftcron_metrics_other_jobs"], "raftcron_metrics_other_jobs") == 2
+    m.on_applied(Applied(DeleteJob(at_us=0, name="a"), 8, {"deleted": "a", "runs": 1}), replay=False)
+    m.on_applied(_claimed("e", "r9"), replay=False)
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", job="e", status="claimed") == 1
+    assert not [s for s in fam["raftcron_runs"].samples if s.labels.get("job") == "a"]
+
+
+def test_many_jobs_keep_the_scrape_and_the_memory_bounded() -> None:
+    m = _bare(max_jobs=100)
+    for i in range(5000):
+        m.on_applied(_claimed(f"job-{i}", f"r{i}"), replay=False)
+        m.run_finished(f"job-{i}", "succeeded", 0.5)
+    fam = _samples(m.render().decode())
+    jobs = {s.labels["job"] for s in fam["raftcron_runs"].samples}
+    assert len(jobs) == 101 and OTHER_JOBS in jobs
+    assert _value(fam["raftcron_runs"], "raftcron_runs_total", status="claimed") == 5000
+    assert _value(fam["raftcron_run_duration_seconds"], "raftcron_run_duration_seconds_count") == 5000
+    assert len(m.jobs._rows) == 101
+
+
+def test_duration_buckets_are_cumulative_with_the_bound_inclusive() -> None:
+    m = _bare()
+    for seconds in (0.005, 0.0051, 7200.0, -1.0):  # a negative reading (clock step) counts as 0
+        m.run_finished("j", "succeeded", seconds)
+    fam = _samples(m.render().decode())["raftcron_run_duration_seconds"]
+
+    def bucket(le: str) -> float:
+        return _value(fam, "raftcron_run_duration_seconds_bucket", job="j", le=le)
+
+    assert bucket("0.005") == 2 and bucket("0.01") == 3 and bucket("3600.0") == 3 and bucket("+Inf") == 4
+    assert _value(fam, "raftcron_run_duration_seconds_sum", job="j") == 0.005 + 0.0051 + 7200.0
+    assert _value(fam, "raftcron_run_duration_seconds_count", job="j") == 4
