@@ -383,3 +383,56 @@ async def test_a_node_registered_since_the_last_scan_is_in_the_picker_at_once() 
         assert runs and all(r["node"] == "n2" and r["status"] != "failed" for r in runs), runs
     finally:
         await sim.close()
+
+
+async def _claimed_for(sim: Sim, slot: datetime) -> int:
+    return sum(1 for r in sim.state.runs.values() if r["slot_us"] == us(slot))
+
+
+TOP = datetime(2026, 6, 1, 13, 0, 0, tzinfo=UTC)
+
+
+async def _hourly(n: int) -> Sim:
+    """``n`` jobs due at every :00, made at 12:00 on a leader that plans 500 jobs a second."""
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    sim.leader.cfg = LeaderConfig(tick=0.01, lease=5.0, burst_rate=500.0)
+    for i in range(n):
+        await sim.put(_job(f"h{i:04d}", "0 * * * *"))
+    await sim.step(0)
+    return sim
+
+
+async def _until(sim: Sim, before_top: float) -> None:
+    await sim.step((TOP - sim.clock.now()).total_seconds() - before_top)
+
+
+async def test_a_burst_of_jobs_due_at_one_instant_is_claimed_early_enough_to_plan_it_all_ahead() -> None:
+    """1,500 hourly jobs due at 13:00 at a planning rate of 500 jobs/s need 3 s of planning: they
+    are taken from 12:59:55 (3 s before a horizon before 13:00), not from 12:59:58, when the
+    last of a larger burst would be claimed after its instant (seen: 10,000 jobs, 4,000 claimed
+    up to 11 s late)."""
+    sim = await _hourly(1500)
+    try:
+        await _until(sim, 5.2)  # 12:59:54.8
+        assert await _claimed_for(sim, TOP) == 0
+        await sim.step(0.3)  # 12:59:55.1: the whole burst, a thousand jobs a tick
+        await sim.step(0.05)
+        assert await _claimed_for(sim, TOP) == 1500
+        await _until(sim, 0.1)
+        assert not sim.executor.fired, "claimed early, fired at the instant only"
+        await sim.step(0.1)
+        fired = [at for _, at in sim.executor.fired]
+        assert len(fired) == 1500 and set(fired) == {TOP}, (len(fired), sorted(set(fired))[:3])
+    finally:
+        await sim.close()
+
+
+async def test_jobs_fewer_than_a_burst_are_claimed_a_horizon_ahead_as_ever() -> None:
+    sim = await _hourly(499)
+    try:
+        await _until(sim, 2.1)
+        assert await _claimed_for(sim, TOP) == 0
+        await sim.step(0.2)
+        assert await _claimed_for(sim, TOP) == 499
+    finally:
+        await sim.close()
