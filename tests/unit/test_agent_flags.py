@@ -1,0 +1,66 @@
+"""Agent flags that bound what one node holds open or keeps: checked, with the flag named."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from api.agent import AgentConfig, _loop_factory, add_agent_arguments, config_from_args
+from api.metrics import MAX_JOB_SERIES
+from scheduler.executors.http import CONNECTIONS_PER_HOST
+
+SECRET = "0123456789abcdef" * 4
+
+
+def config(*extra: str) -> AgentConfig:
+    p = argparse.ArgumentParser()
+    add_agent_arguments(p)
+    return config_from_args(p.parse_args(["--node-id", "n1", "--raft-addr", "127.0.0.1:1", "--secret", SECRET, *extra]))
+
+
+def test_defaults() -> None:
+    cfg = config()
+    assert cfg.http_connections_per_host == CONNECTIONS_PER_HOST
+    assert cfg.metrics_max_jobs == MAX_JOB_SERIES
+
+
+def test_given_values_and_zero_are_taken() -> None:
+    cfg = config("--http-connections-per-host", "0", "--metrics-max-jobs", "50000")
+    assert cfg.http_connections_per_host == 0 and cfg.metrics_max_jobs == 50000
+
+
+def test_the_environment_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAFTCRON_HTTP_CONNECTIONS_PER_HOST", "8")
+    monkeypatch.setenv("RAFTCRON_METRICS_MAX_JOBS", "10")
+    cfg = config()
+    assert cfg.http_connections_per_host == 8 and cfg.metrics_max_jobs == 10
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--http-connections-per-host", "-1"), ("--http-connections-per-host", "many"),
+                                             ("--metrics-max-jobs", "1.5"), ("--metrics-max-jobs", "-3")])
+def test_bad_values_are_refused_naming_the_flag_and_its_variable(flag: str, value: str) -> None:
+    env = "RAFTCRON_" + flag.removeprefix("--").upper().replace("-", "_")
+    with pytest.raises(ValueError, match=f"^{flag} \\({env}\\): expected a whole number, 0 or more, got '{value}'$"):
+        config(flag, value)
+
+
+@pytest.mark.parametrize(("name", "shell", "error"), [
+    ("asyncio", True, None), ("uvloop", False, None),
+    ("uvloop", True, "--event-loop uvloop cannot run shell jobs (--allow-shell): uvloop starts no child as another user"),
+    ("trio", False, "--event-loop (RAFTCRON_EVENT_LOOP): expected asyncio or uvloop, got 'trio'"),
+])
+def test_the_event_loop_and_what_it_refuses(name: str, shell: bool, error: str | None) -> None:
+    cfg = config(*(["--allow-shell"] if shell else []))
+    made = _loop_factory(name, cfg)
+    if error is not None:
+        assert made == error
+    elif name == "asyncio":
+        assert made is None
+    else:
+        assert callable(made)
+        loop = made()
+        try:
+            assert type(loop).__module__.startswith("uvloop")
+        finally:
+            loop.close()
