@@ -9,6 +9,8 @@ Modes (each on fresh 3-node clusters, each writes its section of
 bench/results/lateness.json):
 
 - ``rates``  (default): 100, 1,000 and 2,000 runs/s, ``--seconds`` each, ``--repeat`` times;
+  ``--aligned``: the jobs are ``* * * * * *`` instead, all due at each second's start (as crons
+  align at :00), written to a section of its own (``rates-aligned``);
 - ``search``: the highest rate sustained for 60 s with p99 < 1 s and >= 99 % of
   the slots delivered (tries 2000, 3000, 4000, stops at the first failure);
 - ``kill``: 100 runs/s, kill -9 the leader mid-window; lateness of the slots
@@ -33,6 +35,7 @@ are quoted for scale: p99 51 ms at 100/s, 302 ms at 1,000/s, 599 ms at 2,000/s.
     python -m bench.lateness kill            # ~1.5 minutes
     python -m bench.lateness kill --busy 2 --restart-after 1
     python -m bench.lateness --quick         # rates, ~1 minute
+    python -m bench.lateness --aligned --rates 1000,2000
 """
 
 from __future__ import annotations
@@ -94,6 +97,16 @@ class SinkFarm:
     def cpu(self) -> float:
         return sum(cpu_seconds(p.pid) or 0.0 for p in self.procs)
 
+    def received(self) -> int:
+        """Requests the sink processes have answered so far (as of their last count, <= 250 ms old)."""
+        total = 0
+        for i in range(len(self.procs)):
+            try:
+                total += int((self.dir / f"{i}.json.count").read_text() or 0)
+            except (OSError, ValueError):
+                pass
+        return total
+
     def stop(self) -> list[list[Any]]:
         records: list[list[Any]] = []
         for i, p in enumerate(self.procs):
@@ -102,6 +115,8 @@ class SinkFarm:
             if f.exists():
                 records += json.loads(f.read_text())
                 f.unlink()
+            for leftover in (f"{i}.json.count", f"{i}.json.count.tmp"):
+                (self.dir / leftover).unlink(missing_ok=True)
         self.dir.rmdir()
         return records
 
@@ -145,9 +160,13 @@ def sink_capacity(procs: int, seconds: float = 3.0, clients: int = 2, inflight: 
 # ---- jobs ---------------------------------------------------------------------------------------------
 
 
-def every_job(name: str, url: str) -> dict[str, Any]:
-    return {"name": name, "schedule": "@every 1s", "executor": "http", "http": {"url": url, "method": "POST"},
+def every_job(name: str, url: str, schedule: str = "@every 1s") -> dict[str, Any]:
+    return {"name": name, "schedule": schedule, "executor": "http", "http": {"url": url, "method": "POST"},
             "timeout": "10s", "labels": {"bench": "lateness"}}
+
+
+ALIGNED = "* * * * * *"
+"""``--aligned``: every second at .000, all jobs at once (a cron's :00), not spread over the second."""
 
 
 class CreationTooSlow(Exception):
@@ -155,7 +174,7 @@ class CreationTooSlow(Exception):
 
 
 async def create_jobs(base: str, k: int, url: str, spread: float = 1.0, inflight: int = 64,
-                      deadline: float = 120.0) -> dict[str, Any]:
+                      deadline: float = 120.0, schedule: str = "@every 1s") -> dict[str, Any]:
     """PUT k jobs, paced evenly over ``spread`` seconds (or as fast as the API takes them)."""
     t0 = time.monotonic()
     todo = iter(range(k))
@@ -171,7 +190,7 @@ async def create_jobs(base: str, k: int, url: str, spread: float = 1.0, inflight
                 await asyncio.sleep(delay)
             for _attempt in range(50):
                 try:
-                    async with s.put(f"{base}/v1/jobs/l{i}", json=every_job(f"l{i}", url)) as r:
+                    async with s.put(f"{base}/v1/jobs/l{i}", json=every_job(f"l{i}", url, schedule)) as r:
                         await r.read()
                         if r.status in (200, 201):
                             break
@@ -243,7 +262,8 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
             try:
                 url = farm.url(f"/slow?s={a.busy:g}") if kill_at is not None and a.busy else farm.url()
                 out["create"] = asyncio.run(create_jobs(leader.url, k, url, spread=a.spread,
-                                                        deadline=a.create_deadline))
+                                                        deadline=a.create_deadline,
+                                                        schedule=ALIGNED if a.aligned else "@every 1s"))
             except CreationTooSlow as exc:
                 out["aborted"] = str(exc)
                 out["load_after"] = load()
@@ -526,6 +546,8 @@ def main() -> None:
     p.add_argument("--create-deadline", type=float, default=120.0, help="give up a rate whose jobs take longer to create")
     p.add_argument("--search-down", default="1000,500,200",
                    help="search mode: rates tried, highest first, when the first --search-rates fails")
+    p.add_argument("--aligned", action="store_true",
+                   help=f"jobs {ALIGNED!r}: every job due at the same instant each second (a section of its own)")
     p.add_argument("--spread", type=float, default=1.0, help="seconds over which the jobs are created")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds between the last job created and the window")
     p.add_argument("--drain", type=float, default=5.0, help="seconds after the window before the sink is read")
@@ -548,7 +570,7 @@ def main() -> None:
     if "benchmark" in merged:
         merged = {}
     doc["machine"]["load_at_end"] = load()
-    merged[a.mode] = doc
+    merged[a.mode + ("-aligned" if a.aligned else "")] = doc
     write_results("lateness", merged)
 
 

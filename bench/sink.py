@@ -3,7 +3,7 @@
 Each request is answered 200 at once (a path ``/slow?s=S``: after S seconds, so the
 attempts delivering to it stay running that long); the sink keeps only (receive time,
 X-Raftcron-Job, X-Raftcron-Slot, X-Raftcron-Attempt) in memory and writes them
-as JSON to ``--out`` when it gets SIGTERM. Several sink processes can share one
+as JSON to ``--out`` when it gets SIGTERM (and their count, every 250 ms, to ``--out``.count). Several sink processes can share one
 port (``--reuse-port``, SO_REUSEPORT: the kernel spreads connections), so the
 sink is not the bottleneck; bench/lateness.py measures its capacity first.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import time
 
@@ -41,11 +42,25 @@ async def _serve(host: str, port: int, out: str, reuse_port: bool) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print("ready", flush=True)
+    counter = asyncio.create_task(_write_count(records, out + ".count"))
     await stop.wait()
+    counter.cancel()
     srv.close()
     await server.shutdown(1.0)
     with open(out, "w") as f:
         json.dump(records, f)
+
+
+async def _write_count(records: list[Record], path: str) -> None:
+    """How many requests arrived so far, in a file beside ``--out`` (a bench waits on it)."""
+    written = -1
+    while True:
+        if len(records) != written:
+            written = len(records)
+            with open(path + ".tmp", "w") as f:
+                f.write(str(written))
+            os.replace(path + ".tmp", path)
+        await asyncio.sleep(0.25)
 
 
 def main() -> None:
