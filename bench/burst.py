@@ -155,7 +155,8 @@ def raftcron(n: int, a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": load()}
     farm = SinkFarm(a.sink_procs)
     try:
-        extra = ["--event-loop", a.event_loop, *(["--log-level", a.agent_log] if a.agent_log else []),
+        extra = [*(["--event-loop", a.event_loop] if a.event_loop != "asyncio" else []),
+                 *(["--log-level", a.agent_log] if a.agent_log else []),
                  *(x for arg in a.agent_arg for x in arg.split())]
         with fresh_cluster(f"burst{n}", extra=extra, keep=a.keep) as cluster:
             leader = leader_of(cluster)
