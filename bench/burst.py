@@ -225,15 +225,17 @@ def _read_spies(spies: dict[str, tuple[Any, Path]], seconds: float) -> dict[str,
 
 
 def analyse(records: list[list[Any]], n: int, at: float) -> dict[str, Any]:
-    first: dict[str, float] = {}
+    first: dict[str, tuple[float, str | None]] = {}
     count: Counter[str] = Counter()
-    for received, job, slot, _attempt in records:
+    for received, job, slot, attempt in records:
         if job is None or slot is None or not job.startswith(PREFIX) or abs(_epoch(slot) - at) > 0.5:
             continue
         count[job] += 1
-        first[job] = min(first.get(job, received), received)
-    late = [t - at for t in first.values()]
+        if job not in first or received < first[job][0]:
+            first[job] = (received, attempt)
+    late = [t - at for t, _ in first.values()]
     return {"n": n, "at": at, "delivered": len(first), "missing": n - len(first),
+            "first_delivered_by_a_retry": sum(1 for _, attempt in first.values() if attempt not in (None, "1")),
             "doubled": sum(1 for c in count.values() if c > 1), "early": sum(1 for x in late if x < 0),
             "lateness": summary(late), "last_start_s": round(max(late), 4) if late else None}
 
