@@ -6,7 +6,7 @@ same second. Per size N and repetition, interleaved:
 1. **floor**: three client processes (one per node of a cluster) do nothing but send N POSTs
    between them, from the same instant, to the same sink raftcron's workers deliver to, with
    the same aiohttp client and event loop the HTTP executor uses (``--floor-inflight``:
-   requests in flight per process, 0 for no bound; the executor holds at most 64 connections
+   requests in flight per process, 0 for no bound; the executor holds at most 256 connections
    to one host); the floor is the best of those;
 2. **raftcron**: a fresh 3-node cluster (fsync on); N jobs created through
    ``POST /v1/jobs:batch``, each with the 6-field cron ``S M * * * *`` of one instant T a
@@ -253,7 +253,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_args(p, repeat=2)
     p.add_argument("--sizes", default="1000,10000", help="jobs due at the same instant, comma separated")
-    p.add_argument("--floor-inflight", default="0,64", help="floor: requests in flight per process (0: no bound)")
+    p.add_argument("--floor-inflight", default="64,256", help="floor: requests in flight per process (0: no bound)")
     p.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="the agents' --event-loop, and the floor clients' loop")
     p.add_argument("--sink-procs", type=int, default=2)

@@ -257,7 +257,7 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
     farm = SinkFarm(a.sink_procs)
     records: list[list[Any]] = []
     try:
-        with fresh_cluster(f"late{k}", keep=a.keep) as cluster:
+        with fresh_cluster(f"late{k}", extra=[x for arg in a.agent_arg for x in arg.split()], keep=a.keep) as cluster:
             leader = leader_of(cluster)
             try:
                 url = farm.url(f"/slow?s={a.busy:g}") if kill_at is not None and a.busy else farm.url()
@@ -546,6 +546,8 @@ def main() -> None:
     p.add_argument("--create-deadline", type=float, default=120.0, help="give up a rate whose jobs take longer to create")
     p.add_argument("--search-down", default="1000,500,200",
                    help="search mode: rates tried, highest first, when the first --search-rates fails")
+    p.add_argument("--agent-arg", action="append", default=[], metavar="FLAGS",
+                   help="more agent flags, e.g. --agent-arg '--http-connections-per-host 256' (repeatable)")
     p.add_argument("--aligned", action="store_true",
                    help=f"jobs {ALIGNED!r}: every job due at the same instant each second (a section of its own)")
     p.add_argument("--spread", type=float, default=1.0, help="seconds over which the jobs are created")

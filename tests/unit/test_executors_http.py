@@ -310,7 +310,7 @@ async def test_a_burst_to_one_host_opens_at_most_the_bound_and_every_attempt_is_
     gets at most ``CONNECTIONS_PER_HOST`` at once from a node; the rest wait for one to free."""
     from scheduler.executors.http import CONNECTIONS_PER_HOST
 
-    n = 3 * CONNECTIONS_PER_HOST
+    n = CONNECTIONS_PER_HOST + 100
     held: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
     server = await _held_server(held)
     ex = HttpExecutor()
