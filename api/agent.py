@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 import zoneinfo
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,9 +100,6 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-max-jobs", default=_env("METRICS_MAX_JOBS", str(MAX_JOB_SERIES)),
                    help=f"jobs with per-job series in /metrics on this node; the runs of further jobs are counted "
                         f"under job=\"_other\" (default {MAX_JOB_SERIES}) (RAFTCRON_METRICS_MAX_JOBS)")
-    p.add_argument("--event-loop", default=_env("EVENT_LOOP", "asyncio"),
-                   help="asyncio (default) or uvloop: about a third less time to start a burst of HTTP attempts; "
-                        "not with --allow-shell; pip install 'raftcron[uvloop]' (RAFTCRON_EVENT_LOOP)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
@@ -227,9 +223,8 @@ class Agent:
         await self._runner.setup()
         host, port = _split(c.http_addr)
         await web.TCPSite(self._runner, host, port).start()
-        log.info("node %s: API on http://%s, raft on %s, peers %s, event loop %s", c.node_id, c.http_addr,
-                 c.raft_addr, ", ".join(c.peers) or "(none: single-node cluster)",
-                 type(asyncio.get_running_loop()).__module__.split(".")[0])
+        log.info("node %s: API on http://%s, raft on %s, peers %s", c.node_id, c.http_addr, c.raft_addr,
+                 ", ".join(c.peers) or "(none: single-node cluster)")
         self._tasks = [
             asyncio.create_task(self._watch_peers(), name="peer-watch"),
         ]
@@ -344,27 +339,4 @@ def run_agent(args: argparse.Namespace) -> int:
     except (ValueError, MissingSecret) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    loop_factory = _loop_factory(getattr(args, "event_loop", "asyncio"), cfg)
-    if isinstance(loop_factory, str):
-        print(f"error: {loop_factory}", file=sys.stderr, flush=True)
-        return 2
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_serve(cfg, getattr(args, "advertise_http", None)))
-
-
-def _loop_factory(name: str, cfg: AgentConfig) -> Callable[[], asyncio.AbstractEventLoop] | None | str:
-    """The event loop to run on (None: asyncio's own), or why the one asked for cannot be."""
-    if name == "asyncio":
-        return None
-    if name != "uvloop":
-        return f"--event-loop (RAFTCRON_EVENT_LOOP): expected asyncio or uvloop, got {name!r}"
-    if cfg.allow_shell:
-        # uvloop's subprocesses take no user, group, extra_groups or umask: a shell job could
-        # neither drop to --shell-user nor get the usual umask.
-        return "--event-loop uvloop cannot run shell jobs (--allow-shell): uvloop starts no child as another user"
-    try:
-        import uvloop
-    except ImportError:
-        return "--event-loop uvloop: uvloop is not installed (pip install 'raftcron[uvloop]')"
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+    return asyncio.run(_serve(cfg, getattr(args, "advertise_http", None)))

@@ -5,7 +5,7 @@ same second. Per size N and repetition, interleaved:
 
 1. **floor**: three client processes (one per node of a cluster) do nothing but send N POSTs
    between them, from the same instant, to the same sink raftcron's workers deliver to, with
-   the same aiohttp client and event loop the HTTP executor uses (``--floor-inflight``:
+   the same aiohttp client the HTTP executor uses (``--floor-inflight``:
    requests in flight per process, 0 for no bound; the executor holds at most 256 connections
    to one host); the floor is the best of those;
 2. **raftcron**: a fresh 3-node cluster (fsync on); N jobs created through
@@ -20,7 +20,6 @@ the last start against the floor's (the goal: <= 1.5).
     python -m bench.burst                       # N = 1,000 and 10,000, 2 repetitions
     python -m bench.burst --sizes 100000 --repeat 1
     python -m bench.burst --quick               # N = 1,000, 1 repetition
-    python -m bench.burst --event-loop uvloop   # agents and floor clients on uvloop
     python -m bench.burst --profile 3           # and py-spy on every agent from just before T
 
 The JSON goes to bench/results/burst.json (``--ab NAME``: also bench/ab/NAME.json).
@@ -79,7 +78,7 @@ def _iso(at: float) -> str:
 # ---- the floor ----------------------------------------------------------------------------------------
 
 
-def _floor_client(url: str, names: list[str], at: float, inflight: int, event_loop: str) -> dict[str, Any]:
+def _floor_client(url: str, names: list[str], at: float, inflight: int) -> dict[str, Any]:
     """Wait for ``at``, then POST once per name as fast as this process can (a process of its own)."""
     async def run() -> dict[str, Any]:
         slot = _iso(at)
@@ -101,14 +100,10 @@ def _floor_client(url: str, names: list[str], at: float, inflight: int, event_lo
             await asyncio.gather(*(one(n) for n in names))
         return {"sent": len(names), "errors": errors, "started_late_s": round(t0 - at, 4)}
 
-    if event_loop == "uvloop":
-        import uvloop
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(run())
     return asyncio.run(run())
 
 
-def floor(n: int, inflight: int, sink_procs: int, event_loop: str = "asyncio") -> dict[str, Any]:
+def floor(n: int, inflight: int, sink_procs: int) -> dict[str, Any]:
     """N POSTs from CLIENTS processes at one instant; lateness of each as the sink received it."""
     farm = SinkFarm(sink_procs)
     names = [f"{PREFIX}{i:06d}" for i in range(n)]
@@ -118,7 +113,7 @@ def floor(n: int, inflight: int, sink_procs: int, event_loop: str = "asyncio") -
             list(pool.map(int, "0" * CLIENTS))  # the processes exist (and have imported) before the instant
             at = float(math.ceil(time.time() + 2.0))
             clients = list(pool.map(_floor_client, [farm.url()] * CLIENTS, shares, [at] * CLIENTS,
-                                    [inflight] * CLIENTS, [event_loop] * CLIENTS))
+                                    [inflight] * CLIENTS))
     finally:
         records = farm.stop()
     out = analyse(records, n, at)
@@ -155,8 +150,7 @@ def raftcron(n: int, a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": load()}
     farm = SinkFarm(a.sink_procs)
     try:
-        extra = [*(["--event-loop", a.event_loop] if a.event_loop != "asyncio" else []),
-                 *(["--log-level", a.agent_log] if a.agent_log else []),
+        extra = [*(["--log-level", a.agent_log] if a.agent_log else []),
                  *(x for arg in a.agent_arg for x in arg.split())]
         with fresh_cluster(f"burst{n}", extra=extra, keep=a.keep) as cluster:
             leader = leader_of(cluster)
@@ -254,8 +248,6 @@ def main() -> None:
     common_args(p, repeat=2)
     p.add_argument("--sizes", default="1000,10000", help="jobs due at the same instant, comma separated")
     p.add_argument("--floor-inflight", default="64,256", help="floor: requests in flight per process (0: no bound)")
-    p.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
-                   help="the agents' --event-loop, and the floor clients' loop")
     p.add_argument("--sink-procs", type=int, default=2)
     p.add_argument("--lead", type=float, default=12.0, help="seconds from the creation's expected end to the instant")
     p.add_argument("--drain", type=float, default=2.0, help="seconds after the last delivery before the sink is read")
@@ -272,10 +264,10 @@ def main() -> None:
         raise SystemExit("--profile needs py-spy: pip install py-spy")
     sizes = [int(x) for x in a.sizes.split(",")]
     inflights = [int(x) for x in a.floor_inflight.split(",")]
-    doc: dict[str, Any] = {"machine": machine(), "sizes": sizes, "event_loop": a.event_loop, "runs": []}
+    doc: dict[str, Any] = {"machine": machine(), "sizes": sizes, "runs": []}
     for rep in range(a.repeat):
         for n in sizes:
-            floors = [floor(n, k, a.sink_procs, a.event_loop) for k in inflights]
+            floors = [floor(n, k, a.sink_procs) for k in inflights]
             best = min(floors, key=lambda f: f["last_start_s"] if f["last_start_s"] is not None else math.inf)
             ours = raftcron(n, a)
             ratio = (ours["last_start_s"] / best["last_start_s"]

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from api.agent import AgentConfig, _loop_factory, add_agent_arguments, config_from_args
+from api.agent import AgentConfig, add_agent_arguments, config_from_args
 from api.metrics import MAX_JOB_SERIES
 from scheduler.executors.http import CONNECTIONS_PER_HOST
 
@@ -44,23 +44,3 @@ def test_bad_values_are_refused_naming_the_flag_and_its_variable(flag: str, valu
     with pytest.raises(ValueError, match=f"^{flag} \\({env}\\): expected a whole number, 0 or more, got '{value}'$"):
         config(flag, value)
 
-
-@pytest.mark.parametrize(("name", "shell", "error"), [
-    ("asyncio", True, None), ("uvloop", False, None),
-    ("uvloop", True, "--event-loop uvloop cannot run shell jobs (--allow-shell): uvloop starts no child as another user"),
-    ("trio", False, "--event-loop (RAFTCRON_EVENT_LOOP): expected asyncio or uvloop, got 'trio'"),
-])
-def test_the_event_loop_and_what_it_refuses(name: str, shell: bool, error: str | None) -> None:
-    cfg = config(*(["--allow-shell"] if shell else []))
-    made = _loop_factory(name, cfg)
-    if error is not None:
-        assert made == error
-    elif name == "asyncio":
-        assert made is None
-    else:
-        assert callable(made)
-        loop = made()
-        try:
-            assert type(loop).__module__.startswith("uvloop")
-        finally:
-            loop.close()
