@@ -253,7 +253,7 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=2.0, help="seconds after the last delivery before the sink is read")
     p.add_argument("--agent-log", default=None, help="the agents' --log-level (with --keep: logs to read; costs time)")
     p.add_argument("--agent-arg", action="append", default=[], metavar="FLAGS",
-                   help="more agent flags, e.g. --agent-arg '--event-loop uvloop' (repeatable)")
+                   help="more agent flags, e.g. --agent-arg '--http-connections-per-host 64' (repeatable)")
     p.add_argument("--profile", type=float, default=0.0, metavar="S",
                    help="py-spy (pip install py-spy) on every agent for S seconds from 0.5 s before the instant")
     p.add_argument("--ab", default=None, help="also write bench/ab/NAME.json")
