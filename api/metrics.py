@@ -49,6 +49,7 @@ from scheduler.commands import (
 )
 from scheduler.runs import RUN_STATUSES, RunStatus, Trigger
 from scheduler.state import Applied, State
+from scheduler.store import copied
 
 __all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "MAX_JOB_SERIES", "OTHER_JOBS", "JobSeries", "Metrics", "WorkerGauges"]
 
@@ -296,14 +297,14 @@ class _ScrapeCollector:
         yield _gauge("has_quorum", "1 while this node sees a majority", 1 if st.has_quorum else 0)
         yield _clock_offsets(st, m.state)
         state = m.state
-        by_status = Tally(r["status"] for r in list(state.runs.values()))
+        by_status = Tally(r["status"] for r in copied(state.runs).values())
         ledger = GaugeMetricFamily(PREFIX + "ledger_runs", "Runs held in the ledger now, by status",
                                    labels=("status",))
         for status in RUN_STATUSES:
             ledger.add_metric((status,), by_status.get(status, 0))
         yield ledger
         jobs = GaugeMetricFamily(PREFIX + "jobs", "Jobs in the store, by status", labels=("status",))
-        paused = sum(1 for rec in list(state.jobs.values()) if rec["spec"].get("paused"))
+        paused = sum(1 for rec in copied(state.jobs).values() if rec["spec"].get("paused"))
         jobs.add_metric(("active",), len(state.jobs) - paused)
         jobs.add_metric(("paused",), paused)
         yield jobs

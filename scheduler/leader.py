@@ -54,6 +54,7 @@ from .planner import (
 from .runs import RunRecord
 from .service import Service
 from .state import Applied
+from .store import copied
 
 __all__ = ["LeaderLoop", "LeaderConfig"]
 
@@ -111,6 +112,7 @@ class LeaderLoop:
         self._due_secs: dict[int, int] = {}
         self._plan_cost = 1 / 8000  # seconds per job planned, measured on ticks of 100 jobs or more
         self._pull_until = 0  # jobs claimed ahead whose next slot is before this are taken now (a burst)
+        self._ticked = 0.0  # when the last tick began (monotonic)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self.claimed_total = 0
@@ -158,7 +160,7 @@ class LeaderLoop:
         self._unplanned = set()
         heap: list[tuple[int, str]] = []
         ahead: list[tuple[int, str]] = []
-        for name, rec in list(self.state.jobs.items()):
+        for name, rec in copied(self.state.jobs).items():
             known, slot = known_next_slot(rec)
             if not known:
                 self._unplanned.add(name)
@@ -212,12 +214,16 @@ class LeaderLoop:
         else:
             self._due_secs.pop(sec, None)
 
+    def _plan_rate(self) -> float:
+        """Jobs a second this leader counts on planning in a burst (see ``LeaderConfig.burst_share``)."""
+        return self.cfg.burst_rate or min(max(self.cfg.burst_share / self._plan_cost, 200.0), 50_000.0)
+
     def _burst_lead_us(self, now: int) -> int:
         """How much earlier than a horizon before its slot the next job must be taken for every
         burst ahead to be planned a horizon before its slots (0 when there is no burst)."""
         if len(self._ahead) < self.cfg.burst_min:
             return 0
-        rate = self.cfg.burst_rate or min(max(self.cfg.burst_share / self._plan_cost, 200.0), 50_000.0)
+        rate = self._plan_rate()
         horizon = self.cfg.plan.horizon_us
         first = now // 1_000_000
         due = 0
@@ -255,15 +261,25 @@ class LeaderLoop:
         plan_cfg = self.cfg.plan
         until = now + plan_cfg.horizon_us
         if self._ahead:
-            # A burst once begun is taken to its end at the next ticks, while the leader is free.
+            # A burst once begun is taken to its end at the next ticks, at the rate its lead was
+            # reckoned for: taken at once, 100,000 jobs due together were planned and claimed
+            # back to back and starved the raft thread (elections, one after another).
+            base = until
             self._pull_until = max(self._pull_until, until + self._burst_lead_us(now))
+            early = 0
             if self._pull_until > until:
                 until = self._pull_until
                 plan_cfg = replace(plan_cfg, horizon_us=until - now)
+                early = 1 + int(self._plan_rate() * min(1.0, max(0.0, mono - self._ticked)))
             while self._ahead and self._ahead[0][0] <= until and len(names) < self.cfg.max_jobs_per_tick:
+                if self._ahead[0][0] > base:
+                    if early <= 0:
+                        break
+                    early -= 1
                 taken, name = heapq.heappop(self._ahead)
                 self._count_due(taken, -1)
                 names.add(name)
+        self._ticked = mono
         # A node registered since the last scan is not in the picker yet: scan now, or a job
         # planned in between finds "no live node" and its slots are recorded failed (seen in
         # a cluster that had just started: a job made 60 ms after the last registration).

@@ -408,16 +408,20 @@ async def _until(sim: Sim, before_top: float) -> None:
 
 async def test_a_burst_of_jobs_due_at_one_instant_is_claimed_early_enough_to_plan_it_all_ahead() -> None:
     """1,500 hourly jobs due at 13:00 at a planning rate of 500 jobs/s need 3 s of planning: they
-    are taken from 12:59:55 (3 s before a horizon before 13:00), not from 12:59:58, when the
-    last of a larger burst would be claimed after its instant (seen: 10,000 jobs, 4,000 claimed
-    up to 11 s late)."""
+    are taken from 12:59:55 (3 s before a horizon before 13:00), at that rate, not all from
+    12:59:58, when the last of a larger burst would be claimed after its instant (seen: 10,000
+    jobs, 4,000 claimed up to 11 s late); nor all at once, which starved the raft thread."""
     sim = await _hourly(1500)
     try:
         await _until(sim, 5.2)  # 12:59:54.8
         assert await _claimed_for(sim, TOP) == 0
-        await sim.step(0.3)  # 12:59:55.1: the whole burst, a thousand jobs a tick
-        await sim.step(0.05)
-        assert await _claimed_for(sim, TOP) == 1500
+        counts = []
+        while sim.clock.now() < TOP - timedelta(seconds=2):
+            await sim.step(0.25)
+            counts.append(await _claimed_for(sim, TOP))
+        assert counts[0] < 300, counts  # from 12:59:55, about 500 a second
+        assert 600 <= counts[len(counts) // 2] <= 1100, counts
+        assert counts[-1] == 1500, counts
         await _until(sim, 0.1)
         assert not sim.executor.fired, "claimed early, fired at the instant only"
         await sim.step(0.1)
