@@ -83,9 +83,14 @@ class _Response:
 class _Wait:
     """One request's wait for a connection (its ``trace_request_ctx``)."""
 
-    host: str
+    url: str
     since: float | None = None
     waited: float | None = None
+
+    @property
+    def host(self) -> str:
+        """Worked out only when a wait is logged or reported, not for every attempt."""
+        return _host(self.url)
 
 
 class HttpExecutor:
@@ -166,7 +171,7 @@ class HttpExecutor:
             # Judged before sending: never fire a side effect whose result cannot be judged.
             return self._outcome(started, OutcomeStatus.FAILED, error=f"invalid expect_body regex: {exc}")
         response = _Response(head_cap=MATCH_CAP if pattern else 0)
-        wait = _Wait(host=_host(spec["url"]))
+        wait = _Wait(url=spec["url"])
         try:
             async with asyncio.timeout(attempt.timeout):
                 try:
