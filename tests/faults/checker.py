@@ -16,6 +16,12 @@ acknowledged. The verdict lists every broken promise of README's Guarantees:
 - no delivery before its slot (the receiver's arrival time against ``X-Raftcron-Slot``);
 - every acknowledged write present, with the fields that were written.
 
+A node answers reads from its own replica, which may trail the leader (README): one just
+restarted serves its snapshot's state until a leader has told it what is committed. With
+``barrier=S`` the checker first writes a job of its own (``BARRIER``) and then reads only
+from nodes that show it: entries apply in log order, so such a node has applied every write
+acknowledged before the check began.
+
 Jobs must not be edited inside the window: the expected slots are computed from the job's
 current document (its schedule anchored at its creation), as the planner computes them.
 """
@@ -44,6 +50,7 @@ EARLY_TOLERANCE = 0.000_5
 # A fault's start and end are stamped by the test around the command that made it; a node
 # notices a cut a little later than the stamp says, by up to a network round trip and a tick.
 FAULT_TOLERANCE = 0.5
+BARRIER = "fault-checker-barrier"
 
 
 class ApiNode(Protocol):
@@ -95,10 +102,15 @@ class Verdict:
 
 def check(receiver: Receiver, cluster: ApiCluster, jobs: Iterable[Expect], window: tuple[float, float], *,
           faults: Iterable[tuple[float, float]] = (), lease: float = 5.0,
-          acknowledged: Mapping[str, Mapping[str, Any]] | None = None, settle_timeout: float = 90.0) -> Verdict:
-    """Judge the slots of ``jobs`` due in ``window`` (epoch seconds, both ends included)."""
+          acknowledged: Mapping[str, Mapping[str, Any]] | None = None, settle_timeout: float = 90.0,
+          barrier: float | None = None) -> Verdict:
+    """Judge the slots of ``jobs`` due in ``window`` (epoch seconds, both ends included).
+    ``barrier``: seconds to wait for the barrier write and for each node to show it (none: read
+    from whichever node answers)."""
     api = _Api(cluster)
     verdict = Verdict()
+    if barrier is not None and not api.barrier(barrier, verdict):
+        return verdict
     fault_list = sorted(faults)
     for expect in jobs:
         runs = _settled_runs(api, expect.name, window[1], settle_timeout, verdict)
@@ -119,11 +131,65 @@ class _Api:
 
     def __init__(self, cluster: ApiCluster) -> None:
         self.cluster = cluster
+        self.fresh: set[str] | None = None  # after a barrier: the nodes that showed it
+
+    def nodes(self) -> list[ApiNode]:
+        return [n for n in self.cluster.live() if self.fresh is None or n.url in self.fresh]
+
+    def barrier(self, timeout: float, verdict: Verdict) -> bool:
+        """Write ``BARRIER`` through any node, then keep the nodes that show that write; false
+        (with a violation) when none does within ``timeout`` seconds."""
+        mark = f"barrier {time.time_ns()}"  # a new description each time: a change, so an entry
+        doc = {"name": BARRIER, "description": mark, "schedule": "@manually", "executor": "http",
+               "http": {"url": "http://127.0.0.1:9/barrier"}}
+        deadline = time.monotonic() + timeout
+        errors: list[str] = []
+        while not self._put(doc, errors):
+            if time.monotonic() > deadline:
+                verdict.violations.append(f"the checker's barrier write was not acknowledged within {timeout:.0f}s: "
+                                          f"{errors[-3:]}")
+                return False
+            time.sleep(0.5)
+        self.fresh = set()
+        pending = {n.url for n in self.cluster.live()}
+        while pending and time.monotonic() < deadline:
+            for url in sorted(pending):
+                if self._shows(url, mark):
+                    pending.discard(url)
+                    self.fresh.add(url)
+            if pending:
+                time.sleep(0.2)
+        if not self.fresh:
+            verdict.violations.append(f"no node showed the checker's barrier write within {timeout:.0f}s")
+            return False
+        return True
+
+    def _put(self, doc: dict[str, Any], errors: list[str]) -> bool:
+        for node in self.cluster.live():
+            req = urllib.request.Request(f"{node.url}/v1/jobs/{BARRIER}", data=json.dumps(doc).encode(), method="PUT",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    if resp.status in (200, 201):
+                        return True
+            except urllib.error.HTTPError as exc:
+                errors.append(f"{node.url}: {exc.code}")
+            except OSError as exc:
+                errors.append(f"{node.url}: {exc}")
+        return False
+
+    @staticmethod
+    def _shows(url: str, mark: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/v1/jobs/{BARRIER}", timeout=5) as resp:
+                return json.loads(resp.read())["spec"].get("description") == mark
+        except (OSError, ValueError, KeyError):
+            return False
 
     def get(self, path: str) -> tuple[int, Any]:
         errors: list[str] = []
         for _ in range(3):
-            for node in self.cluster.live():
+            for node in self.nodes():
                 try:
                     with urllib.request.urlopen(node.url + path, timeout=10) as resp:
                         return resp.status, json.loads(resp.read())

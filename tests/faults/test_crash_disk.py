@@ -139,7 +139,7 @@ def test_acknowledged_writes_survive_losing_unsynced_bytes(crash_cluster: tuple[
         fs.mount()
         node.start()
         wait_for(f"{node.name} leading after the last crash", lambda: _started(node), START_TIMEOUT)
-        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acknowledged, settle_timeout=30)
+        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acknowledged, settle_timeout=30, barrier=30)
     finally:
         sink.close()
     lost = sum(1 for v in verdict.violations if v.startswith("acknowledged write"))

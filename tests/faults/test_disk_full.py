@@ -136,7 +136,7 @@ def test_a_full_data_directory_answers_507_and_recovers(tmp_path: Path, tmpfs: C
         node.kill9()
         node.start()
         wait_for("the node leading after a restart", lambda: _started(node), START_TIMEOUT)
-        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30)
+        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30, barrier=30)
         assert verdict.ok, verdict.report()
         assert "refused" not in {j["name"] for j in node.get("/v1/jobs?limit=1000")["items"]}
     finally:
@@ -174,7 +174,7 @@ def test_a_journal_that_meets_a_full_disk_fails_the_write_and_recovers(tmp_path:
         node.kill9()
         node.start()
         wait_for("the node leading after a restart", lambda: _started(node), START_TIMEOUT)
-        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30)
+        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30, barrier=30)
         assert verdict.ok, verdict.report()
     finally:
         cluster.stop()
@@ -225,7 +225,7 @@ def test_a_leader_whose_disk_fills_hands_over_and_writes_go_on(tmp_path: Path,
         # An acknowledged write through a follower in the instant of the handover was lost here
         # in about 1 run in 10 before the full leader stopped leading in a term it could not
         # store (tests/unit/test_raft_term_store.py).
-        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30)
+        verdict = check(sink, cluster, [], (t0, time.time()), acknowledged=acked, settle_timeout=30, barrier=30)
         assert verdict.ok, verdict.report()
     finally:
         cluster.stop()

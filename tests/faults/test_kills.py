@@ -177,7 +177,7 @@ def test_kill9_of_every_node_during_concurrent_writes(make_cluster: Callable[...
         for n in c.nodes:
             n.start()
         c.leader(timeout=60)
-        verdict = check(_NoReceiver(), c, [], (0.0, 0.0), acknowledged=expected)
+        verdict = check(_NoReceiver(), c, [], (0.0, 0.0), acknowledged=expected, barrier=60)
         exact = sum(bool(v) for v in expected.values())
         print(f"kill -9 of all 3 nodes during writes: {acks} writes of {len(expected)} names acknowledged ({exact} with their "
               f"last write's content), {unanswered} requests cut off; {verdict.line()}")

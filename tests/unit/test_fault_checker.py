@@ -56,8 +56,12 @@ class Record:
 
 
 class FakeApi:
-    def __init__(self, record: Record) -> None:
+    """One node's API over ``record``; a write goes to ``commits_to`` (default: the same record),
+    so a node given an older record than the one it commits to is a node that trails."""
+
+    def __init__(self, record: Record, commits_to: Record | None = None) -> None:
         rec = record
+        committed = commits_to or record
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
@@ -73,6 +77,14 @@ class FakeApi:
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
+
+            def do_PUT(self) -> None:  # noqa: N802 - the http.server API
+                name = self.path.strip("/").split("/")[2]
+                spec = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                committed.jobs[name] = {"name": name, "spec": spec, "created_at": _iso(T0)}
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -194,3 +206,34 @@ def test_acknowledged_writes_missing_or_different_are_caught(clean: tuple[Record
     v = _check(rec, api, acknowledged={"gone": {"schedule": "@hourly"}, "a": {"schedule": "@daily"}})
     assert any("gone: GET answers 404" in line for line in v.violations), v.report()
     assert any("acknowledged write a: fields differ" in line for line in v.violations), v.report()
+
+
+def test_a_barrier_reads_only_from_nodes_that_applied_every_acknowledged_write(clean: tuple[Record, FakeApi]) -> None:
+    # A node restarted from a snapshot answers from it until a leader tells it what is
+    # committed: read first, it showed an acknowledged write's earlier version (4 writers' first
+    # jobs in one clean-clone run of test_kill9_of_every_node_during_concurrent_writes).
+    rec, current = clean
+    older = Record(jobs={"a": {"name": "a", "spec": {**SPEC, "description": "write 0"}, "created_at": _iso(T0)}})
+    trailing = FakeApi(older, commits_to=rec)
+    rec.jobs["a"]["spec"] = {**SPEC, "description": "write 20"}
+
+    try:
+        written = {"a": {"description": "write 20"}}
+        stale = check(rec, FakeApiCluster([trailing, current]), [], WINDOW, acknowledged=written, settle_timeout=0.0)
+        assert any("fields differ" in line for line in stale.violations), stale.report()
+        v = check(rec, FakeApiCluster([trailing, current]), [], WINDOW, acknowledged=written, settle_timeout=0.0, barrier=1.0)
+        assert v.ok and v.counts["acknowledged"] == 1, v.report()
+        assert "fault-checker-barrier" in rec.jobs and "fault-checker-barrier" not in older.jobs
+        nobody = check(older, FakeApiCluster([trailing]), [], WINDOW, acknowledged=written, barrier=0.5)
+        assert any("no node showed the checker's barrier write" in line for line in nobody.violations), nobody.report()
+    finally:
+        trailing.server.shutdown()
+        trailing.server.server_close()
+
+
+class FakeApiCluster:
+    def __init__(self, nodes: list[FakeApi]) -> None:
+        self.nodes = nodes
+
+    def live(self) -> list[FakeApi]:
+        return self.nodes
