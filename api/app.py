@@ -7,6 +7,7 @@ here, anything unexpected logged with its traceback and answered 500 without it.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -24,7 +25,7 @@ from scheduler.errors import (
     Unavailable,
 )
 
-from .context import CTX, ApiContext, as_reader
+from .context import CLOSING, CTX, ApiContext, as_reader
 from .routes import batch, cluster, jobs, metrics, runs, ui
 from .routing import Route, openapi, parse_params
 from .schemas import COMPONENTS
@@ -135,9 +136,24 @@ def _route_key(request: web.Request) -> tuple[str, str] | None:
     return (request.method, canonical) if canonical else None
 
 
+def _require_caught_up(ctx: ApiContext) -> None:
+    """A node restarted answers from the state it restored until a leader tells it what is
+    committed (raftlog's ``NodeStatus.caught_up``): read then, a job written an hour ago could be
+    missing or at an old version. Refused instead, as Consul and Nomad refuse a read with no
+    leader; the CLI retries a 503 on its own."""
+    st = ctx.node.status()
+    if not st.caught_up:
+        raise Unavailable(
+            f"node {ctx.node_id} is catching up after its start (applied {st.applied_index} of the "
+            f"{st.commit_index} committed entries it knows of; leader: {st.leader or 'none yet'}), so its answer "
+            "could lack acknowledged writes: retry shortly, ask another node, or add stale=true to read it as it is")
+
+
 def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         args = parse_params(request, route)
+        if route.replica and args.get("stale") != "true":
+            _require_caught_up(request.app[CTX])
         started = time.perf_counter()
         try:
             return await route.handler(request, args)
@@ -154,6 +170,13 @@ def create_app(ctx: ApiContext) -> web.Application:
     app = web.Application(client_max_size=ctx.max_body, middlewares=[error_middleware, _auth_middleware(ctx),
                                                                         _space_middleware(ctx)])
     app[CTX] = ctx
+    closing = asyncio.Event()
+    app[CLOSING] = closing
+
+    async def close(_: web.Application) -> None:
+        closing.set()
+
+    app.on_shutdown.append(close)
     route_of: dict[tuple[str, str], Route] = {}
     for r in ROUTES:
         app.router.add_route(r.method, r.path, _bind(r))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -16,7 +17,7 @@ from scheduler.state import State
 
 from .metrics import Metrics
 
-__all__ = ["ApiContext", "Tokens", "as_reader", "reads_only"]
+__all__ = ["ApiContext", "CLOSING", "CTX", "Tokens", "as_reader", "reads_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class ApiContext:
 
 CTX = web.AppKey("ctx", ApiContext)
 """Where the application keeps its ApiContext."""
+
+CLOSING = web.AppKey("closing", asyncio.Event)
+"""Set when the application shuts down: a long poll (``GET /v1/watch``) answers at once then,
+rather than holding the shutdown for its timeout."""
 
 
 # Who the request being served is. A context variable rather than request storage: aiohttp

@@ -15,7 +15,7 @@ from aiohttp import web
 from scheduler.errors import ValidationFailed
 from scheduler.instants import parse_instant
 
-__all__ = ["Param", "Route", "Handler", "parse_params", "encode_cursor", "decode_cursor", "openapi"]
+__all__ = ["Param", "Route", "Handler", "STALE", "parse_params", "encode_cursor", "decode_cursor", "openapi"]
 
 Handler = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
 
@@ -61,6 +61,18 @@ class Route:
     tag: str = "jobs"
     public: bool = False  # no token needed
     openapi: bool = True
+    # Answered from this node's replica of the state: refused (503) while the node catches up
+    # after its start, unless the caller asks ``stale=true``.
+    replica: bool = False
+
+    @property
+    def all_params(self) -> tuple[Param, ...]:
+        return (*self.params, STALE) if self.replica else self.params
+
+
+STALE = Param("stale", type="enum", enum=("true", "false"),
+              description="true: answer from this node's replica even while it catches up after its start, "
+                          "when it may lack acknowledged writes")
 
 
 def _coerce(p: Param, raw: str, problems: list[dict[str, str]]) -> Any:
@@ -99,11 +111,11 @@ def parse_params(request: web.Request, route: Route) -> dict[str, Any]:
     # Without a query string, no need to parse one (most writes have none).
     query = request.query if request.query_string else _NO_QUERY
     if query:
-        known = {p.name for p in route.params if p.where == "query"}
+        known = {p.name for p in route.all_params if p.where == "query"}
         for key in query:
             if key not in known:
                 problems.append({"field": f"query.{key}", "message": "unknown query parameter"})
-    for p in route.params:
+    for p in route.all_params:
         raw = request.match_info.get(p.name) if p.where == "path" else query.get(p.name)
         if raw is None:
             if p.required:
@@ -139,7 +151,7 @@ def _ref(name: str) -> dict[str, Any]:
 
 _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 400: "Invalid input", 401: "No or wrong token",
                 403: "Token may not write", 404: "Not found", 409: "Conflict", 413: "Body too large",
-                503: "No leader; retry after Retry-After seconds", 504: "Commit not confirmed; safe to repeat",
+                503: "No leader, or this node is catching up after its start; retry after Retry-After seconds", 504: "Commit not confirmed; safe to repeat",
                 507: "This node's data directory is nearly full; nothing was written"}
 
 
@@ -149,11 +161,11 @@ def openapi(routes: list[Route], components: dict[str, Any], version: str) -> di
         if not r.openapi:
             continue
         op: dict[str, Any] = {"summary": r.summary, "operationId": r.handler.__name__.lstrip("_"), "tags": [r.tag]}
-        if r.params:
+        if r.all_params:
             op["parameters"] = [
                 {"name": p.name, "in": p.where, "required": p.required or p.where == "path",
                  "description": p.description, "schema": p.schema()}
-                for p in r.params
+                for p in r.all_params
             ]
         if r.body:
             op["requestBody"] = {"required": r.body != "Note",
@@ -163,6 +175,8 @@ def openapi(routes: list[Route], components: dict[str, Any], version: str) -> di
         statuses.setdefault(400, "Error")
         if not r.public:
             statuses.setdefault(401, "Error")
+        if r.replica:
+            statuses[503] = "Error"
         if r.write:
             statuses.update({403: "Error", 413: "Error", 503: "Error", 504: "Error", 507: "Error"})
         for status, schema in sorted(statuses.items()):

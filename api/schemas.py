@@ -125,11 +125,11 @@ COMPONENTS: dict[str, Any] = {
         "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {"type": "array"}}}}},
     "Object": {"type": "object"},
     "Health": {"type": "object", "required": ["status"], "properties": {
-        "status": {"type": "string"}, "node_id": {"type": "string"}}},
+        "status": {"type": "string"}, "node_id": {"type": "string"}, "caught_up": {"type": "boolean"}}},
     "Cluster": {"type": "object", "required": ["node_id", "leader", "term", "commit_index", "applied_index", "members"],
                 "properties": {"node_id": {"type": "string"}, "leader": _NODE_REF, "term": {"type": "integer"},
                                "commit_index": {"type": "integer"}, "applied_index": {"type": "integer"},
-                               "members": {"type": "array", "items": _MEMBER}}},
+                               "caught_up": {"type": "boolean"}, "members": {"type": "array", "items": _MEMBER}}},
     "Member": _MEMBER,
     "MemberList": _list_of("Member"),
     "MemberAdd": _obj({"node_id": {"type": "string"}, "raft_addr": {"type": "string"},
@@ -142,8 +142,16 @@ COMPONENTS: dict[str, Any] = {
         "status": {"type": "object", "properties": {
             "paused": {"type": "boolean"}, "last_run": {"type": "object", "nullable": True},
             "next_slots": {"type": "array", "items": {"type": "string"}},
-            "consecutive_failures": {"type": "integer"}}}}},
-    "JobList": _list_of("Job"),
+            "consecutive_failures": {"type": "integer"}}},
+        "recent_runs": {"type": "array", "description": "with include=recent_runs: the newest runs, newest first",
+                        "items": {"type": "object", "required": ["id", "slot", "status", "attempt"], "properties": {
+                            "id": {"type": "string"}, "slot": _T, "status": {"type": "string"},
+                            "attempt": {"type": "integer"}, "node": {"type": "string", "nullable": True},
+                            "trigger": {"type": "string"},
+                            "duration_ms": {"type": "integer", "nullable": True}}}}}},
+    "JobList": {**_list_of("Job"), "properties": {**_list_of("Job")["properties"], "total": {
+        "type": "integer", "description": "every job of the cluster, whatever the filter"}, "failing": {
+        "type": "integer", "description": "jobs whose last run failed, whatever the filter (first page only)"}}},
     "JobBatch": _obj({"mode": {"type": "string", "enum": ["create", "apply"],
                                "description": "create: refused (409) if any name exists; apply: create or replace"},
                       "jobs": {"type": "array", "maxItems": 5000,

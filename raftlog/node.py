@@ -131,6 +131,10 @@ class NodeStatus:
     clock_offset: float | None = None  # this node's wall clock minus the leader's, as in MemberStatus
     clock_error: float | None = None
     prevote: bool = False  # this node asks before an election (NodeConfig.prevote)
+    # This node has applied everything committed before its start: see RaftNode._catch_up. A
+    # node that has not answers reads from the state it restored, which may lack acknowledged
+    # writes (all of them, when it holds no snapshot yet).
+    caught_up: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,7 @@ class RaftNode:
         self._clock = ClockSync(time_source or TimeSource())
         self._host: _Host | None = None
         self._replay_upto = 0
+        self._caught_up = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._started = threading.Event()
@@ -449,6 +454,7 @@ class RaftNode:
                 self._leaderless_since = now
         else:
             self._leaderless_since = None
+        self._catch_up(host, st, leader)
         clocks = self._clocks_to_leader(leader, [str(node.id) for node in host.otherNodes])
         prevote = self._prevote.peers if self._prevote is not None else set()
         partners = [_member(host, node, st, clocks.get(str(node.id)), prevote) for node in host.otherNodes]
@@ -468,12 +474,32 @@ class RaftNode:
             clock_offset=None if own is None else own.offset,
             clock_error=None if own is None else own.error,
             prevote=self.config.prevote,
+            caught_up=self._caught_up,
         )
         with self._status_lock:
             self._cached = status
         # Told after the status is stored: a consumer of the event reads status() at once (the
         # leader loop compares its term), and a status of the tick before would deny the news.
         self._note_role(state, leader, st["raft_term"])
+
+    def _catch_up(self, host: _Host, st: dict[str, Any], leader: str | None) -> None:
+        """Set once for the process's life: a leader is known, everything this node knows to be
+        committed is applied, and the last committed entry is of the current term. A leader
+        commits an entry of its own term (its no-op) only with everything committed before it,
+        so from then on this node's state holds every write acknowledged before it started or
+        while it was away. Before, it holds what its snapshot and an old commit index gave it:
+        after a restart, pysyncobj applies no journal entry until a leader says what is
+        committed, and a node without a snapshot answered 404 for every job."""
+        if self._caught_up or leader is None:
+            return
+        commit, applied = int(st["commit_idx"]), int(st["last_applied"])
+        if commit <= 0 or applied < commit:
+            return
+        journal = host._SyncObj__raftLog  # noqa: SLF001 - see pysyncobj_names
+        first = int(journal[0][1]) if len(journal) else commit + 1
+        if first <= commit <= int(journal[-1][1]) and int(journal[commit - first][2]) == int(st["raft_term"]):
+            self._caught_up = True
+            log.info("caught up: applied index %d, of the current term %d", applied, st["raft_term"])
 
     def _make_pacer(self, host: _Host) -> _Pacer:
         c = self.config
@@ -578,7 +604,7 @@ class RaftNode:
         if cached is None:
             return NodeStatus(
                 raft_addr=self.config.raft_addr, state="unknown", leader=None, term=0,
-                commit_index=0, applied_index=0, has_quorum=False, raft_thread_alive=alive,
+                commit_index=0, applied_index=0, has_quorum=False, raft_thread_alive=alive, caught_up=False,
             )
         if cached.raft_thread_alive != alive:
             cached = replace(cached, raft_thread_alive=alive)

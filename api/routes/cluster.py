@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
 
 from scheduler.errors import Conflict, NotFound, ValidationFailed
 
-from ..context import ApiContext
+from ..context import CLOSING, ApiContext
 from ..routing import Param, Route
 from .common import ctx_of, ok, read_json
 
@@ -17,7 +18,9 @@ __all__ = ["ROUTES", "cluster_view"]
 
 async def _health(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
-    return ok({"status": "ok", "node_id": ctx.node_id})
+    # caught_up: whether this node answers reads of the state (see NodeStatus.caught_up); the
+    # process serves either way, so 200.
+    return ok({"status": "ok", "node_id": ctx.node_id, "caught_up": ctx.node.status().caught_up})
 
 
 def _node_of(ctx: ApiContext, raft_addr: str | None) -> dict[str, Any] | None:
@@ -64,7 +67,7 @@ def cluster_view(ctx: ApiContext) -> dict[str, Any]:
     return {
         "node_id": ctx.node_id, "leader": _node_of(ctx, st.leader), "term": st.term, "state": st.state,
         "commit_index": st.commit_index, "applied_index": st.applied_index, "has_quorum": st.has_quorum,
-        "raft_thread_alive": st.raft_thread_alive, "apply_lag": max(0, st.commit_index - st.applied_index),
+        "raft_thread_alive": st.raft_thread_alive, "caught_up": st.caught_up, "apply_lag": max(0, st.commit_index - st.applied_index),
         "seconds_without_leader": round(st.seconds_without_leader, 3),
         "last_snapshot_index": st.last_snapshot_index, "members": members,
     }
@@ -76,6 +79,22 @@ def _ms(seconds: float | None) -> float | None:
 
 async def _cluster(request: web.Request, args: dict[str, Any]) -> web.Response:
     return ok(cluster_view(ctx_of(request)))
+
+
+WATCH_BOUND = 25  # seconds a watch may wait, under the usual 30 s of proxies and load balancers
+
+
+async def _watch(request: web.Request, args: dict[str, Any]) -> web.Response:
+    """A long poll: answers once this node has applied past ``after`` (at once if it has), or
+    after ``timeout`` seconds, with the cluster view (applied_index says where it stands). The
+    dashboard waits on it instead of polling, so a view changes as soon as its data does."""
+    ctx = ctx_of(request)
+    closing = request.app[CLOSING]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (args.get("timeout") or 20)
+    while ctx.state.applied_index <= args["after"] and not closing.is_set() and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    return ok(cluster_view(ctx))
 
 
 async def _openapi(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -131,6 +150,11 @@ ROUTES = [
           tag="cluster", public=True),
     Route("GET", "/v1/cluster", _cluster, "Leader, term, commit index, members", responses={200: "Cluster"},
           tag="cluster"),
+    Route("GET", "/v1/watch", _watch, "Wait until this node has applied past `after` (or `timeout` seconds), "
+          "then answer its cluster status", params=(
+              Param("after", type="integer", required=True, minimum=0, description="an applied_index seen before"),
+              Param("timeout", type="integer", minimum=1, maximum=WATCH_BOUND, description="seconds, default 20")),
+          responses={200: "Cluster"}, tag="cluster"),
     Route("GET", "/v1/members", _members, "Members with role and reachability", responses={200: "MemberList"},
           tag="cluster"),
     Route("POST", "/v1/members", _add_member, "Add a member (start it first with --peers naming the cluster)",

@@ -24,9 +24,10 @@ async def _list_runs(request: web.Request, args: dict[str, Any]) -> web.Response
     ctx = ctx_of(request)
     since = us(args["since"]) if args.get("since") else None
     until = us(args["until"]) if args.get("until") else None
+    node = args.get("node")
     ids = list(ctx.state.job_runs.get(args["job"]) or []) if args.get("job") else list(ctx.state.runs)
     return ok(runs_page(ctx, ids, args, lambda run: (since is None or run["slot_us"] >= since)
-                        and (until is None or run["slot_us"] <= until)))
+                        and (until is None or run["slot_us"] <= until) and (node is None or run["node"] == node)))
 
 
 def _run(request: web.Request, run_id: str) -> RunRecord:
@@ -70,14 +71,15 @@ ROUTES = [
     Route("GET", "/v1/runs", _list_runs, "All runs, newest first",
           params=(Param("status", type="enum", enum=RUN_STATUSES), Param("job"),
                   Param("since", type="date-time", description="slots at or after"),
-                  Param("until", type="date-time", description="slots at or before"), LIMIT, CURSOR),
-          responses={200: "RunList"}, tag="runs"),
+                  Param("until", type="date-time", description="slots at or before"),
+                  Param("node", description="runs taken by this node id"), LIMIT, CURSOR),
+          responses={200: "RunList"}, tag="runs", replica=True),
     Route("GET", "/v1/runs/{id}", _get_run, "One run, with its output", params=(RUN_ID,),
-          responses={200: "Run", 404: "Error"}, tag="runs"),
+          responses={200: "Run", 404: "Error"}, tag="runs", replica=True),
     Route("POST", "/v1/runs/{id}/cancel", _cancel, "Cancel a claimed or running attempt", params=(RUN_ID,),
           responses={200: "Run", 404: "Error", 409: "Error"}, write=True, tag="runs"),
     Route("GET", "/v1/dead-letters", _dead, "Dead runs (retries exhausted)", params=(Param("job"), LIMIT, CURSOR),
-          responses={200: "RunList"}, tag="runs"),
+          responses={200: "RunList"}, tag="runs", replica=True),
     Route("POST", "/v1/dead-letters/{id}/replay", _replay, "Run a dead letter's slot again", params=(RUN_ID,),
           responses={202: "RunAccepted", 404: "Error"}, write=True, tag="runs"),
     Route("DELETE", "/v1/dead-letters/{id}", _delete_dead, "Forget a dead letter", params=(RUN_ID,),

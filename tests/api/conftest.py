@@ -195,7 +195,10 @@ class Cluster:
             body = json.loads(raw)
         if status >= 400 and (problem := error_shape_problem(body)):
             self.problems.append(f"{where}: error body {problem}: {body!r:.200}")
-        if status >= 500:
+        # 503 "unavailable" (no leader, or a node catching up after its start) is an answer the
+        # API promises, with Retry-After; the documented-status check below still applies.
+        unavailable = status == 503 and isinstance(body, dict) and body.get("error", {}).get("code") == "unavailable"
+        if status >= 500 and not unavailable:
             self.problems.append(f"{where}: server error {body!r:.300}")
         op = operation(request.method, path) if path else None
         if op is None:

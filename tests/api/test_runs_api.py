@@ -160,3 +160,12 @@ async def test_dead_letters_list_replay_and_delete(api: Cluster) -> None:
     await api.error(await api.client.post(f"/v1/dead-letters/{replay['id']}/replay"), 404)  # not dead
     assert await ids(api, f"/v1/dead-letters?job={other}") == [dead_other]
     await api.error(await api.client.get("/v1/dead-letters?cursor=zz!"), 400, "query.cursor")
+
+
+async def test_runs_across_jobs_filter_by_node(api: Cluster) -> None:
+    name = api.name()
+    await api.create(name)
+    run_id = await api.claim(name)  # claimed for n1, the module cluster's one node
+    assert run_id in await ids(api, f"/v1/runs?node=n1&job={name}")
+    assert run_id in await ids(api, "/v1/runs?node=n1&limit=1000")
+    assert await ids(api, f"/v1/runs?node=n9&job={name}") == []

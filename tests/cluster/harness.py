@@ -190,8 +190,15 @@ class Node:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def get(self, path: str, timeout: float = 5.0) -> Any:
-        status, body = http("GET", self.url + path, timeout=timeout)
+    def get(self, path: str, timeout: float = 5.0, catching_up: float = 60.0) -> Any:
+        """A 503 of a node catching up after its start is waited out, for at most ``catching_up``
+        seconds, as the CLI does."""
+        deadline = time.monotonic() + catching_up
+        while True:
+            status, body = http("GET", self.url + path, timeout=timeout)
+            if status != 503 or "catching up" not in str(body) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert status == 200, f"GET {path} on {self.name}: {status} {body}"
         return body
 
