@@ -2,11 +2,17 @@
 // Everything from the API is put in the page with textContent, never as HTML.
 "use strict";
 
-const POLL_MS = 2000;
+const MIN_RENDER_MS = 1000; // at most one re-render a second however fast the cluster applies
+const RETRY_MS = 2000; // after a failed load or watch
+const WATCH_S = 20; // a watch's timeout (GET /v1/watch)
+const PAGE = 100; // jobs or runs per page
 const STRIP = 20;
 const TOKEN_KEY = "raftcron.token";
 const $ = (sel) => document.querySelector(sel);
 let timer = null;
+let applied = 0; // the applied index the page last rendered at (the watch waits past it)
+let lastRender = 0; // when the last render started or ended, whichever is later
+let routeKey = null; // the route the page shows, to tell a live update from a navigation
 let selectedRun = null; // run id whose output is shown on a job page (#/jobs/NAME/runs/ID)
 let loadFailed = false; // the notice shows a load error, to clear once loading works again
 
@@ -19,7 +25,10 @@ class ApiError extends Error {
   }
 }
 
+window.raftcronRequests = []; // every API path this page asked for, in order
+
 async function api(path, method = "GET") {
+  window.raftcronRequests.push(path);
   const headers = { Accept: "application/json" };
   const token = localStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = "Bearer " + token;
@@ -41,7 +50,7 @@ $("#token").addEventListener("submit", (ev) => {
   localStorage.setItem(TOKEN_KEY, $("#token-input").value.trim());
   $("#token").hidden = true;
   notice("");
-  refresh();
+  refresh(true);
 });
 
 async function act(path, what) {
@@ -51,7 +60,7 @@ async function act(path, what) {
   } catch (err) {
     notice(`${what} failed: ${err.message}`, true);
   }
-  refresh();
+  refresh(false);
 }
 
 // ---- small DOM helpers ---------------------------------------------------------------
@@ -138,27 +147,169 @@ async function viewCluster() {
   ];
 }
 
-async function viewJobs() {
-  const jobs = (await api("/v1/jobs?limit=1000")).items;
-  const runs = await Promise.all(jobs.map((j) =>
-    api(`/v1/jobs/${encodeURIComponent(j.name)}/runs?limit=${STRIP}`).then((b) => b.items, () => [])));
-  const rows = jobs.map((j, i) => {
-    // the last outcome, not the slot claimed ahead of time
-    const last = runs[i].find((r) => r.status !== "claimed") || j.status.last_run;
-    return h("tr", {},
+// ---- the jobs list: one request per page, filters in the URL ------------------------------
+
+const JOB_FILTERS = ["q", "label", "status", "last", "sort", "cursor"];
+const STATES = [["", "any state"], ["failing", "failing"], ["active", "active"], ["paused", "paused"],
+  ["never_run", "never run"]];
+const OUTCOMES = ["", "succeeded", "failed", "timed_out", "dead", "lost", "running", "retrying", "cancelled",
+  "skipped", "missed"];
+const SORTS = [["name", "name"], ["next_slot", "next slot"], ["last_failure", "last failure"],
+  ["failures", "consecutive failures"]];
+
+function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v) q.set(k, v);
+  return q.toString();
+}
+
+function jobsHash(params) {
+  const q = query(params);
+  return "#/jobs" + (q ? "?" + q : "");
+}
+
+function select(name, label, options, value) {
+  return h("label", {}, label, " ", h("select", { name, "data-filter": name },
+    options.map(([v, text]) => h("option", { value: v, selected: v === (value || "") }, text))));
+}
+
+// The filter bar is built once per route: a live update replaces only the results, so typing
+// in the search box is never interrupted.
+function jobFilters(params) {
+  const form = h("form", { class: "filters", role: "search", "aria-label": "Find jobs",
+    onsubmit: (ev) => { ev.preventDefault(); applyFilters(form); } },
+  h("label", {}, "Search ", h("input", { type: "search", name: "q", id: "search", value: params.q || "",
+    placeholder: "name or description", autocomplete: "off", "data-filter": "q" })),
+  h("label", {}, "Label ", h("input", { type: "text", name: "label", value: params.label || "",
+    placeholder: "team=payments", autocomplete: "off", "data-filter": "label", size: 16 })),
+  select("status", "State", STATES, params.status),
+  select("last", "Last outcome", OUTCOMES.map((o) => [o, o ? o.replace("_", " ") : "any"]), params.last),
+  select("sort", "Sort by", SORTS, params.sort || "name"));
+  let typing = null;
+  form.addEventListener("input", (ev) => {
+    clearTimeout(typing);
+    typing = setTimeout(() => applyFilters(form), ev.target.tagName === "SELECT" ? 0 : 250);
+  });
+  return form;
+}
+
+function applyFilters(form) {
+  const params = {};
+  for (const el of form.querySelectorAll("[data-filter]")) params[el.name] = el.value.trim();
+  if (params.sort === "name") delete params.sort;
+  if (params.label && !params.label.includes("=")) {
+    notice("a label filter looks like key=value", true);
+    return;
+  }
+  const next = jobsHash(params);
+  if (location.hash !== next) history.replaceState(null, "", next); // no hashchange: the form stays, focus too
+  refresh(false);
+}
+
+function jobsRequest(params, extra) {
+  return "/v1/jobs?" + query({ ...params, ...extra, include: "recent_runs", limit: PAGE });
+}
+
+async function jobsResults(params, isDefault) {
+  let body = await api(jobsRequest(params, isDefault ? { status: "failing" } : {}));
+  let title = "Jobs";
+  if (isDefault && body.failing > 0) title = "Failing now";
+  else if (isDefault) body = await api(jobsRequest(params, {}));
+  else if (params.status === "failing") title = "Failing jobs";
+  const jobs = body.items;
+  const rows = jobs.map((j) => {
+    const runs = j.recent_runs || [];
+    const last = runs.find((r) => r.status !== "claimed") || j.status.last_run; // the outcome, not a slot claimed ahead
+    return h("tr", { "data-job": j.name },
       h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(j.name)}` }, j.name)),
       h("td", {}, h("code", {}, j.spec.schedule)),
       h("td", {}, j.status.paused ? badge("paused") : badge("active")),
       h("td", {}, j.status.next_slots[0] ? when(j.status.next_slots[0]) : "—"),
       h("td", {}, last ? badge(last.status) : "—"),
-      h("td", {}, strip(runs[i])));
+      h("td", { class: "num" }, j.status.consecutive_failures || "—"),
+      h("td", {}, strip(runs)));
   });
+  const filtered = Object.keys(params).some((k) => k !== "sort" && k !== "cursor" && params[k]);
+  const n = (x) => x.toLocaleString("en");
+  const count = isDefault && title === "Failing now" ? `${n(body.failing)} of ${n(body.total)}`
+    : filtered ? `${jobs.length}${body.next_cursor ? "+" : ""} shown of ${n(body.total)}` : n(body.total);
+  const pager = h("p", { class: "pager" },
+    params.cursor ? h("a", { href: jobsHash({ ...params, cursor: "" }) }, "← first page") : null,
+    body.next_cursor ? h("a", { href: jobsHash({ ...params, cursor: body.next_cursor }), rel: "next" }, "next page →") : null);
+  const empty = filtered ? "No job matches these filters." : null;
   return [
-    h("h1", {}, `Jobs (${jobs.length})`),
-    jobs.length ? table(["Job", "Schedule", "Status", "Next slot", "Last outcome", `Last ${STRIP} runs (oldest first)`], rows)
-      : h("p", {}, "No jobs yet: create one with ", h("code", {}, "raftcron apply -f jobs.yaml"), "."),
+    h("h1", {}, `${title} (${count})`,
+      isDefault && title === "Failing now" ? h("a", { class: "sub", href: "#/jobs" }, "all jobs") : null),
+    jobs.length ? table(["Job", "Schedule", "Status", "Next slot", "Last outcome", "Failures",
+      `Last ${STRIP} runs (oldest first)`], rows)
+      : h("p", {}, empty || ["No jobs yet: create one with ", h("code", {}, "raftcron apply -f jobs.yaml"), "."]),
+    pager,
     legend(),
   ];
+}
+
+function viewJobs(params, isDefault) {
+  return { head: [jobFilters(params)], body: () => jobsResults(params, isDefault) };
+}
+
+// ---- runs across jobs --------------------------------------------------------------------
+
+const SINCE = [["", "any time"], ["15m", "last 15 min"], ["1h", "last hour"], ["6h", "last 6 hours"],
+  ["24h", "last day"]];
+const RUN_STATES = ["", "failed", "timed_out", "dead", "lost", "running", "claimed", "retrying", "succeeded",
+  "cancelled", "skipped", "missed"];
+
+function runsHash(params) {
+  const q = query(params);
+  return "#/runs" + (q ? "?" + q : "");
+}
+
+function runFilters(params) {
+  const form = h("form", { class: "filters", role: "search", "aria-label": "Find runs",
+    onsubmit: (ev) => ev.preventDefault() },
+  select("status", "Status", RUN_STATES.map((s) => [s, s ? s.replace("_", " ") : "any"]), params.status),
+  select("since", "Slot", SINCE, params.since),
+  h("label", {}, "Job ", h("input", { type: "search", name: "job", id: "search", value: params.job || "",
+    autocomplete: "off", "data-filter": "job", size: 18 })),
+  h("label", {}, "Node ", h("input", { type: "text", name: "node", value: params.node || "", autocomplete: "off",
+    "data-filter": "node", size: 6 })));
+  for (const el of form.querySelectorAll("select")) el.dataset.filter = el.name;
+  let typing = null;
+  form.addEventListener("input", (ev) => {
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      const next = {};
+      for (const el of form.querySelectorAll("[data-filter]")) next[el.name] = el.value.trim();
+      history.replaceState(null, "", runsHash(next));
+      refresh(false);
+    }, ev.target.tagName === "SELECT" ? 0 : 250);
+  });
+  return form;
+}
+
+async function runsResults(params) {
+  const since = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400 }[params.since];
+  const req = { status: params.status, job: params.job, node: params.node, cursor: params.cursor, limit: PAGE };
+  if (since) req.since = new Date(Date.now() - since * 1000).toISOString();
+  const body = await api("/v1/runs?" + query(req));
+  const rows = body.items.map((r) => h("tr", { "data-job": r.job },
+    h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(r.job)}/runs/${encodeURIComponent(r.id)}` },
+      r.job)),
+    h("td", {}, when(r.slot)), h("td", {}, badge(r.status)), h("td", {}, r.trigger), h("td", { class: "num" }, r.attempt),
+    h("td", {}, r.node || "—"), h("td", { class: "num" }, dur(r.duration_ms)), h("td", {}, r.error || "—")));
+  const pager = h("p", { class: "pager" },
+    params.cursor ? h("a", { href: runsHash({ ...params, cursor: "" }) }, "← newest") : null,
+    body.next_cursor ? h("a", { href: runsHash({ ...params, cursor: body.next_cursor }), rel: "next" }, "older →") : null);
+  return [
+    h("h1", {}, `Runs (${body.items.length}${body.next_cursor ? "+" : ""})`),
+    body.items.length ? table(["Job", "Slot", "Status", "Trigger", "Attempt", "Node", "Duration", "Error"], rows,
+      "Newest first, across all jobs") : h("p", {}, "No run matches these filters."),
+    pager,
+  ];
+}
+
+function viewRuns(params) {
+  return { head: [runFilters(params)], body: () => runsResults(params) };
 }
 
 function legend() {
@@ -276,21 +427,38 @@ async function viewDead() {
     dead.length ? table(["Job", "Slot", "Attempts", "Node", "Error", ""], rows) : h("p", {}, "No dead letters.")];
 }
 
-// ---- routing and polling ----------------------------------------------------------------
+// ---- routing, rendering and the live updates ---------------------------------------------
 
-function route() {
-  const parts = (location.hash.replace(/^#\/?/, "") || "jobs").split("/");
-  if (parts[0] === "jobs" && parts[1]) {
-    const run = parts[2] === "runs" && parts[3] ? decodeURIComponent(parts[3]) : null;
-    return { view: "jobs", run, render: () => viewJob(decodeURIComponent(parts[1])) };
-  }
-  if (parts[0] === "cluster") return { view: "cluster", render: viewCluster };
-  if (parts[0] === "dead") return { view: "dead", render: viewDead };
-  return { view: "jobs", render: viewJobs };
+function hashParts() {
+  const [path, q] = location.hash.replace(/^#\/?/, "").split("?");
+  return { path: path || "", q: new URLSearchParams(q || "") };
 }
 
-async function summary() {
-  const c = await api("/v1/cluster");
+function pick(q, names) {
+  const out = {};
+  for (const n of names) if (q.get(n)) out[n] = q.get(n);
+  return out;
+}
+
+// A route: the nav entry it marks, a key (same key: a live update keeps the filter bar), the
+// parts built once (head) and the part each update replaces (body).
+function route() {
+  const { path, q } = hashParts();
+  const parts = path.split("/");
+  if (parts[0] === "jobs" && parts[1]) {
+    const run = parts[2] === "runs" && parts[3] ? decodeURIComponent(parts[3]) : null;
+    return { view: "jobs", key: "job:" + parts[1], run, head: [], body: () => viewJob(decodeURIComponent(parts[1])) };
+  }
+  if (parts[0] === "cluster") return { view: "cluster", key: "cluster", head: [], body: viewCluster };
+  if (parts[0] === "dead") return { view: "dead", key: "dead", head: [], body: viewDead };
+  if (parts[0] === "runs") return { view: "runs", key: "runs", ...viewRuns(pick(q, ["status", "since", "job", "node", "cursor"])) };
+  const params = pick(q, JOB_FILTERS);
+  const isDefault = parts[0] !== "jobs"; // the page as opened: failing jobs first, when any fail
+  const view = !isDefault && params.status === "failing" ? "failing" : "jobs";
+  return { view, key: "jobs", ...viewJobs(params, isDefault) };
+}
+
+function showSummary(c) {
   const reach = c.members.filter((m) => m.reachable).length;
   $("#summary").textContent = `leader ${c.leader ? c.leader.node_id || c.leader.raft_addr : "none"} · term ${c.term}` +
     ` · commit ${c.commit_index} · ${reach}/${c.members.length} reachable · via ${c.node_id}`;
@@ -302,22 +470,37 @@ function focusKey(el) {
   return ["A", "BUTTON"].includes(el.tagName) ? `${el.tagName}:${el.textContent}:${el.getAttribute("href")}` : null;
 }
 
-async function refresh() {
-  clearTimeout(timer);
+let renders = 0; // a render that a newer one overtook drops its result
+
+// Render the current route; ``rebuild``: a navigation, so the filter bar is built anew too.
+async function show(rebuild) {
+  const seq = ++renders;
+  lastRender = Date.now();
   const r = route();
   selectedRun = r.run || null;
   for (const a of document.querySelectorAll("nav a")) {
     if (a.dataset.view === r.view) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
+  if (rebuild || routeKey !== r.key || !$("#results")) {
+    $("#main").replaceChildren(...r.head, h("div", { id: "results" }, h("p", {}, "Loading…")));
+    routeKey = r.key;
+  }
   try {
-    const [nodes] = await Promise.all([r.render(), summary()]);
+    const nodes = await r.body();
+    if (seq !== renders) return;
     const detail = $("#run-detail");
-    const keep = detail ? detail.firstChild : null; // a run's output stays open across refreshes
+    const keep = detail ? detail.firstChild : null; // a run's output stays open across updates
     const focused = focusKey(document.activeElement);
-    $("#main").replaceChildren(...nodes);
-    if (focused) { // a keyboard user keeps their place through the poll
-      const again = [...$("#main").querySelectorAll("a, button, tr[data-run]")].find((el) => focusKey(el) === focused);
+    const current = document.querySelector("#results tr.current");
+    const currentKey = current ? current.dataset.job || current.dataset.run : null;
+    $("#results").replaceChildren(...nodes);
+    if (focused) { // a keyboard user keeps their place through an update
+      const again = [...$("#results").querySelectorAll("a, button, tr[data-run]")].find((el) => focusKey(el) === focused);
       if (again) again.focus();
+    }
+    if (currentKey) {
+      const row = [...rows()].find((tr) => (tr.dataset.job || tr.dataset.run) === currentKey);
+      if (row) row.classList.add("current");
     }
     if (loadFailed) notice("");
     loadFailed = false;
@@ -325,17 +508,78 @@ async function refresh() {
       $("#run-detail").replaceChildren(keep); // no flicker while it reloads
     }
     if (selectedRun) showRun(selectedRun); // its status may have moved on since
-
   } catch (err) {
+    if (seq !== renders) return;
     if (err instanceof ApiError && err.status === 401) {
-      $("#main").replaceChildren(h("p", {}, "Enter the cluster's API token above to see its data."));
+      $("#results").replaceChildren(h("p", {}, "Enter the cluster's API token above to see its data."));
     } else {
       notice(`cannot load: ${err.message}`, true);
       loadFailed = true;
     }
+  } finally {
+    lastRender = Date.now();
   }
-  timer = setTimeout(refresh, POLL_MS);
 }
 
-window.addEventListener("hashchange", refresh);
-refresh();
+function refresh(rebuild) {
+  return show(!!rebuild);
+}
+
+const sleep = (ms) => new Promise((resolve) => { timer = setTimeout(resolve, ms); });
+
+// Live: wait on the node (GET /v1/watch) until it applies something new, then render again,
+// at most once a second. No polling while nothing changes.
+async function live() {
+  for (;;) {
+    try {
+      const c = await api(`/v1/watch?after=${applied}&timeout=${WATCH_S}`);
+      showSummary(c);
+      if (c.applied_index !== applied) {
+        applied = c.applied_index;
+        const wait = MIN_RENDER_MS - (Date.now() - lastRender);
+        if (wait > 0) await sleep(wait);
+        await show(false);
+      }
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 401)) $("#summary").textContent = `not connected: ${err.message}`;
+      await sleep(RETRY_MS);
+    }
+  }
+}
+
+// ---- the keyboard: / to search, j and k to move through the rows, Enter to open ------------
+
+function rows() {
+  return document.querySelectorAll("#results tbody tr");
+}
+
+document.addEventListener("keydown", (ev) => {
+  if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
+  if (ev.target.matches("input, select, textarea")) {
+    if (ev.key === "Escape") ev.target.blur();
+    return;
+  }
+  if (ev.key === "/") {
+    const search = $("#search");
+    if (search) {
+      ev.preventDefault();
+      search.focus();
+      search.select();
+    }
+  } else if (ev.key === "j" || ev.key === "k") {
+    const all = [...rows()];
+    if (!all.length) return;
+    const at = all.findIndex((tr) => tr.classList.contains("current"));
+    const next = at < 0 ? 0 : Math.max(0, Math.min(all.length - 1, at + (ev.key === "j" ? 1 : -1)));
+    for (const tr of all) tr.classList.remove("current");
+    const row = all[next];
+    row.classList.add("current");
+    const target = row.querySelector("a") || (row.tabIndex >= 0 ? row : null);
+    if (target) target.focus();
+    row.scrollIntoView({ block: "nearest" });
+  }
+});
+
+window.addEventListener("hashchange", () => refresh(true));
+refresh(true);
+live();

@@ -12,6 +12,7 @@ they fail instead, so a missing install step cannot pass as green.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -129,6 +130,17 @@ class Page:
     async def goto(self, url: str) -> None:
         await self.send("Page.navigate", url=url)
         await self.until(f"{url} loaded", f"location.href === {json.dumps(url)} && document.readyState === 'complete'")
+
+    async def screenshot(self, path: Path, width: int = 1280, height: int = 900) -> Path:
+        """What the live page shows at this viewport size, as PNG. (A page that keeps a long poll
+        open never lets a virtual-time budget run out, so ``Chromium.screenshot`` cannot take it.)"""
+        await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                         mobile=width < 600)
+        await asyncio.sleep(0.3)  # a layout pass at the new size
+        shot = await self.send("Page.captureScreenshot", format="png")
+        path.write_bytes(base64.b64decode(shot["data"]))
+        assert path.stat().st_size > 10_000, f"a blank screenshot at {path}"
+        return path
 
     async def click(self, selector: str, text: str) -> None:
         """Click the first ``selector`` element whose text is ``text`` (waiting for it to appear)."""
