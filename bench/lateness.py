@@ -43,6 +43,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -277,6 +280,9 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
             with CpuMeter(cluster) as cpu:
                 if kill_at is not None:
                     out["kill"] = _kill(cluster, t0 + kill_at, a)
+                if a.apply_during:
+                    time.sleep(max(0.0, t0 + APPLY_AT - time.time()))
+                    out["apply"] = apply_jobs(leader.url, a.apply_during)
                 time.sleep(max(0.0, t1 - time.time()))
             out["cpu"] = cpu.result
             out["sink_cpu_s"] = round(farm.cpu() - sink_cpu0, 3)
@@ -297,12 +303,38 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
     if kill_at is not None and "ledger" in out:
         lost = set(out["ledger"].pop("slots_with_a_lost_attempt"))
         out["result"]["doubled_after_a_lost_attempt"] = sum(d in lost for d in out["result"]["doubled"])
+    if "apply" in out:  # the whole seconds the apply overlapped
+        w0, w1 = math.floor(out["apply"]["start"]), math.ceil(out["apply"]["end"])
+        out["during_apply"] = analyse(records, k, w0, min(w1, t1))
     if kill_at is not None:
         kt = out["kill"]["at"]
         near = [r for r in records if r[1] and r[2] and r[1].startswith("l") and abs(_epoch(r[2]) - kt) <= 3.0]
         out["near_kill"] = analyse(near, k, kt - 3.0, kt + 3.0)
         out["near_kill"]["expected_slots"] = None  # the +-3 s window is not whole seconds of every job
         out["near_kill"]["missing_slots"] = None
+    return out
+
+
+APPLY_AT = 3.0  # seconds into the window when ``--apply-during`` starts its apply
+
+
+def apply_jobs(base: str, n: int) -> dict[str, Any]:
+    """``raftcron apply -f DIR`` of ``n`` new job documents (one file each, daily at 03:00 so none
+    fires in the window), as a person would run it: the CLI in its own process. Timed from the
+    command's start to its exit."""
+    with tempfile.TemporaryDirectory(prefix="apply-") as tmp:
+        for i in range(n):
+            doc = {"name": f"applied-{i:06d}", "schedule": "0 3 * * *", "executor": "http",
+                   "labels": {"team": f"t{i % 20}"}, "http": {"url": "http://127.0.0.1:9/never"}}
+            Path(tmp, f"job-{i:06d}.json").write_text(json.dumps(doc))
+        start = time.time()
+        done = subprocess.run([sys.executable, "-m", "api.cli", "--server", base, "-o", "name", "apply", "-f", tmp],
+                              capture_output=True, text=True, timeout=600, check=False)
+        end = time.time()
+    out = {"jobs": n, "start": start, "end": end, "seconds": round(end - start, 3), "exit": done.returncode}
+    if done.returncode != 0:
+        out["stderr"] = done.stderr[-2000:]
+    print(f"  apply -f of {n:,} jobs while firing: {out['seconds']} s (exit {done.returncode})", flush=True)
     return out
 
 
@@ -434,7 +466,23 @@ def mode_rates(a: argparse.Namespace, doc: dict[str, Any]) -> None:
             "cores_used": median_of(x["cpu"]["cores_used"] for x in rs),
             "load_1m": [x["load_before"]["1m"] for x in everything],
         })
+        if a.apply_during:
+            during = [x["during_apply"] for x in rs if "during_apply" in x]
+            rows[-1].update({
+                "apply_jobs": a.apply_during, "apply_s_each": [x["apply"]["seconds"] for x in rs],
+                "apply_exit_each": [x["apply"]["exit"] for x in rs],
+                "during_apply_p50_ms": _m(median_of(d["lateness"]["p50"] for d in during)),
+                "during_apply_p99_ms": _m(median_of(d["lateness"]["p99"] for d in during)),
+                "during_apply_delivered": median_of(d["delivery_ratio"] for d in during),
+            })
     doc["summary"] = rows
+    if a.apply_during:
+        print()
+        print(table(["runs/s", "apply -f jobs", "apply s each", "exit", "p50 ms while applying", "p99 ms while applying",
+                     "delivered while applying"],
+                    [[x["rate"], x["apply_jobs"], ",".join(str(v) for v in x["apply_s_each"]),
+                      ",".join(str(v) for v in x["apply_exit_each"]), x["during_apply_p50_ms"], x["during_apply_p99_ms"],
+                      _pctf(x["during_apply_delivered"])] for x in rows]))
     print()
     print(table(["runs/s", "p50 ms", "p99 ms (median)", "p99 each run", "max ms", "delivered", "doubled", "aborted",
                  "APScheduler p99", "goal p99", "cores busy", "load 1m"],
@@ -553,6 +601,9 @@ def main() -> None:
     p.add_argument("--spread", type=float, default=1.0, help="seconds over which the jobs are created")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds between the last job created and the window")
     p.add_argument("--drain", type=float, default=5.0, help="seconds after the window before the sink is read")
+    p.add_argument("--apply-during", type=int, default=0, metavar="N",
+                   help=f"rates mode: {APPLY_AT:g} s into each window, raftcron apply -f of N new jobs; its time and "
+                        "the lateness of the slots due while it ran are reported (section rates-apply)")
     a = p.parse_args()
     a.rates = [int(x) for x in str(a.rates).split(",") if x]
     a.search_rates = [int(x) for x in str(a.search_rates).split(",") if x]
@@ -572,7 +623,7 @@ def main() -> None:
     if "benchmark" in merged:
         merged = {}
     doc["machine"]["load_at_end"] = load()
-    merged[a.mode + ("-aligned" if a.aligned else "")] = doc
+    merged[a.mode + ("-aligned" if a.aligned else "") + ("-apply" if a.apply_during else "")] = doc
     write_results("lateness", merged)
 
 
