@@ -71,6 +71,10 @@ class LeaderConfig:
     # The scan of every active attempt (expired leases, due retries, node load) runs at
     # most this often; the heap of due jobs is served every tick.
     scan: float = 0.1
+    # ... and less often when it is slow: at most this share of the loop's time (its cost is
+    # measured). 44,000 attempts in flight took ~50 ms a scan, ten scans a second: half the
+    # leader's CPU went on walking them while the burst they belonged to starved.
+    scan_share: float = 0.1
     # Jobs decided ahead of their slot are woken on this grid, so that one tick and one
     # ClaimSlots entry serve every job that falls in the same step.
     ahead_grid: float = 0.05
@@ -120,6 +124,9 @@ class LeaderLoop:
         self._unreachable_since: dict[str, float] = {}
         self._picker: Picker | None = None
         self._scanned = float("-inf")
+        self._scan_cost = 0.0  # seconds per scan (moving average)
+        self.scan_every = cfg.scan  # seconds between scans, from their cost (LeaderConfig.scan_share)
+        self.scans = 0
         self._picked_nodes = 0  # registered nodes when the picker was built
         self._unplanned: set[str] | None = None  # jobs not planned yet in this term (None: before the barrier)
         self._walked: dict[str, dict[str, Any]] = {}  # next slots not yet sent (NoteNextSlots), by job
@@ -283,17 +290,21 @@ class LeaderLoop:
         # A node registered since the last scan is not in the picker yet: scan now, or a job
         # planned in between finds "no live node" and its slots are recorded failed (seen in
         # a cluster that had just started: a job made 60 ms after the last registration).
-        scan = self._picker is None or mono - self._scanned >= self.cfg.scan or len(self.state.nodes) != self._picked_nodes
+        scan = self._picker is None or mono - self._scanned >= self.scan_every or len(self.state.nodes) != self._picked_nodes
+        scan_cost = 0.0
         active: list[RunRecord] = []
         live: set[str] = set()
         if scan:
             # O(active attempts): not on every tick. Between scans the picker keeps
             # counting what it hands out, so its load figures stay close.
+            began = time.perf_counter()
             live = self.live()
             active = self.state.active_runs()
             self._picker = self.svc.picker(live, active)
             self._picked_nodes = len(self.state.nodes)
             self._scanned = mono
+            self.scans += 1
+            scan_cost += time.perf_counter() - began
         picker = self._picker
         assert picker is not None
         claims: list[Claim] = []
@@ -339,11 +350,13 @@ class LeaderLoop:
             per_job = (time.perf_counter() - started) / len(names)
             self._plan_cost = 0.8 * self._plan_cost + 0.2 * per_job
         if scan:
+            began = time.perf_counter()
             jobs: dict[str, Job] = {}
             for r in active:
                 if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
                     jobs[r["job"]] = j
             claims += due_retries(active, jobs, now, picker, self.cfg.plan.horizon_us)
+            scan_cost += time.perf_counter() - began
         if self.state.pending_deps:
             pending = list(self.state.pending_deps.values())
             dep_jobs = {d["job"]: j for d in pending if (j := self.state.job(d["job"])) is not None}
@@ -367,14 +380,28 @@ class LeaderLoop:
         if not scan:
             return
         reachable = self._reachable(live)  # every scan: a node's unreachable time counts from now on
+        expired: list[str] = []
         if mono - led_since >= self.cfg.lease:
+            began = time.perf_counter()
             expired = expired_runs(active, now, self.cfg.plan, reachable)
-            if expired:
-                log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
-                term = self.svc.node.status().term
-                for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
-                    await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
-                                                      runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+            scan_cost += time.perf_counter() - began
+        self._scanned_cost(scan_cost)
+        if expired:
+            log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
+            term = self.svc.node.status().term
+            for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
+                await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
+                                                  runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+
+    def _scanned_cost(self, seconds: float) -> None:
+        """A scan's cost, walking the active attempts three times: the next scan waits until
+        that cost is at most ``scan_share`` of the time between them."""
+        self._scan_cost = seconds if self.scans <= 1 else 0.7 * self._scan_cost + 0.3 * seconds
+        every = max(self.cfg.scan, self._scan_cost / self.cfg.scan_share)
+        if every >= 1.0 and self.scan_every < 1.0:
+            log.warning("scanning the attempts in flight every %.1f s, not every %.1f s: a scan takes %.0f ms",
+                        every, self.cfg.scan, self._scan_cost * 1000)
+        self.scan_every = every
 
     def _plan_failed(self, name: str, exc: Exception, now: int, recorded: list[tuple[str, int, str | None]]) -> int:
         """Note a job that cannot be planned (its view shows why) and when to try it again:

@@ -10,6 +10,7 @@ each slot's firing instant is exact.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -438,5 +439,42 @@ async def test_jobs_fewer_than_a_burst_are_claimed_a_horizon_ahead_as_ever() -> 
         assert await _claimed_for(sim, TOP) == 0
         await sim.step(0.2)
         assert await _claimed_for(sim, TOP) == 499
+    finally:
+        await sim.close()
+
+
+async def test_a_slow_scan_of_the_attempts_in_flight_runs_less_often() -> None:
+    # With 44,000 attempts in flight a scan took ~50 ms and ran every 100 ms: half the leader's
+    # CPU. Here the walk is made to cost 20 ms of real time; the scan then runs at most a tenth
+    # of the time (every >= 0.2 s of the leader's clock), and as often as configured again once
+    # it is cheap.
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    walk = sim.state.active_runs
+    slow = True
+
+    def costly() -> list[Any]:
+        if slow:
+            until = time.perf_counter() + 0.02
+            while time.perf_counter() < until:
+                pass
+        return walk()
+
+    try:
+        sim.state.active_runs = costly  # type: ignore[method-assign]
+        await sim.step(0)
+        before = sim.leader.scans
+        for _ in range(40):  # 2 s of the leader's clock, a tick at most every 50 ms
+            await sim.step(0.05)
+        slow_scans = sim.leader.scans - before
+        assert sim.leader.scan_every >= 0.18, sim.leader.scan_every
+        assert slow_scans <= 11, slow_scans  # ~20 at the configured 0.1 s
+        slow = False
+        for _ in range(60):
+            await sim.step(0.05)
+        assert sim.leader.scan_every < 0.11, sim.leader.scan_every
+        before = sim.leader.scans
+        for _ in range(40):
+            await sim.step(0.05)
+        assert sim.leader.scans - before >= 14, sim.leader.scans - before
     finally:
         await sim.close()
