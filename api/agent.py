@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import zoneinfo
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,6 +228,7 @@ class Agent:
                  ", ".join(c.peers) or "(none: single-node cluster)")
         self._tasks = [
             asyncio.create_task(self._watch_peers(), name="peer-watch"),
+            asyncio.create_task(self._sample_trend(), name="trend"),
         ]
 
     async def stop(self) -> None:
@@ -243,6 +245,13 @@ class Agent:
             await asyncio.to_thread(self.node.stop)
 
     # ---- background duties -----------------------------------------------------------------
+
+    async def _sample_trend(self) -> None:
+        """The dashboard's cluster charts: a sample of this node every few seconds (api.metrics.Trend)."""
+        assert self.metrics is not None
+        while True:
+            self.metrics.sample_trend(time.time())
+            await asyncio.sleep(self.metrics.trend.every)
 
     async def _watch_peers(self) -> None:
         """pysyncobj drops frames it cannot decrypt without a word: say why no leader appears."""

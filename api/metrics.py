@@ -13,7 +13,10 @@ Three kinds of source, each read where it is safe to:
 - the worker's hooks (``run_started``, ``run_finished``) and the API's per-request
   hook (``observe_api``): histograms;
 - scrape-time reads (``_ScrapeCollector``): raft status, ledger sizes, worker
-  queues, computed when ``/metrics`` is served, so they are never stale.
+  queues, computed when ``/metrics`` is served, so they are never stale;
+- the trend (``Trend``): commit and applied index and the runs started and ended,
+  sampled every few seconds by the agent and kept for ten minutes, for the
+  dashboard's cluster charts (``GET /v1/cluster/history``).
 
 Every method here runs on the event loop, takes no lock a raft thread holds for
 long and does no I/O.
@@ -25,6 +28,7 @@ import gc
 import logging
 from bisect import bisect_left
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any, Protocol
@@ -163,6 +167,46 @@ class WorkerGauges(Protocol):
     def pending_reports(self) -> int: ...
 
 
+TREND_EVERY_S = 5.0
+TREND_SPAN_S = 600.0
+
+
+class Trend:
+    """This node's last ``span`` seconds, one sample every ``every`` seconds, in memory only: the
+    commit and applied index, and how many runs had started and ended by then (counted from the
+    entries this node applied, so the whole cluster's runs). A node's trend starts empty at its
+    start; its history is nobody's record, ``/metrics`` and the ledger are."""
+
+    def __init__(self, every: float = TREND_EVERY_S, span: float = TREND_SPAN_S) -> None:
+        self.every, self.span = every, span
+        self._samples: deque[tuple[float, int, int, int, int]] = deque(maxlen=int(span / every) + 1)
+
+    def add(self, at: float, commit: int, applied: int, started: int, ended: int) -> None:
+        """``at``: epoch seconds. A sample older than the last is dropped (a clock stepped back)."""
+        if self._samples and at <= self._samples[-1][0]:
+            return
+        self._samples.append((at, commit, applied, started, ended))
+
+    def view(self, now: tuple[float, int, int, int, int] | None = None) -> list[dict[str, Any]]:
+        """The samples oldest first, with ``now`` (a sample taken at the read) appended when given;
+        each sample's rates are over the time since the one before (null for the first)."""
+        rows = list(self._samples)
+        if now is not None and (not rows or now[0] > rows[-1][0]):
+            rows.append(now)
+        rows = [r for r in rows if r[0] >= (rows[-1][0] - self.span if rows else 0)]
+        out: list[dict[str, Any]] = []
+        prev: tuple[float, int, int, int, int] | None = None
+        for at, commit, applied, started, ended in rows:
+            gap = at - prev[0] if prev is not None else 0.0
+            out.append({
+                "at": at, "commit_index": commit, "applied_index": applied, "apply_lag": max(0, commit - applied),
+                "runs_started_per_s": round((started - prev[3]) / gap, 3) if prev is not None and gap > 0 else None,
+                "runs_ended_per_s": round((ended - prev[4]) / gap, 3) if prev is not None and gap > 0 else None,
+            })
+            prev = (at, commit, applied, started, ended)
+        return out
+
+
 class Metrics:
     def __init__(self, *, node_id: str, state: State, raft: Callable[[], NodeStatus],
                  worker: WorkerGauges | None = None, unplanned: Callable[[], int] | None = None,
@@ -191,6 +235,9 @@ class Metrics:
         self._api_children: dict[tuple[str, str], Histogram] = {}
         r.register(_ScrapeCollector(self))
         self._last_term: int | None = None
+        self.trend = Trend()
+        self.runs_started = 0  # runs started and ended, cluster-wide, from entries applied while live
+        self.runs_ended = 0
 
     # ---- hooks ---------------------------------------------------------------------
 
@@ -215,6 +262,14 @@ class Metrics:
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+    def trend_point(self, at: float) -> tuple[float, int, int, int, int]:
+        st = self.raft()
+        return (at, st.commit_index, st.applied_index, self.runs_started, self.runs_ended)
+
+    def sample_trend(self, at: float) -> None:
+        """The agent calls this every ``trend.every`` seconds."""
+        self.trend.add(*self.trend_point(at))
 
     # ---- applied entries ---------------------------------------------------------------
 
@@ -241,10 +296,13 @@ class Metrics:
                 self._by_id(result["cancelled"], RunStatus.CANCELLED)
             case StartRuns():
                 self._by_id(result["started"], RunStatus.RUNNING)
+                self.runs_started += len(result["started"])
             case FinishRuns():
+                self.runs_ended += len(result["finished"])
                 for run in result["finished"]:
                     self.jobs.run(run["job"], run["status"])
             case ExpireRuns() | ReportLost():
+                self.runs_ended += len(result["lost"])
                 for run in result["lost"]:
                     self.jobs.run(run["job"], run["status"])
                     self.jobs.expiry(run["job"])

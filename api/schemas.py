@@ -130,6 +130,14 @@ COMPONENTS: dict[str, Any] = {
                 "properties": {"node_id": {"type": "string"}, "leader": _NODE_REF, "term": {"type": "integer"},
                                "commit_index": {"type": "integer"}, "applied_index": {"type": "integer"},
                                "caught_up": {"type": "boolean"}, "members": {"type": "array", "items": _MEMBER}}},
+    "ClusterHistory": {"type": "object", "required": ["node_id", "every_s", "span_s", "items"], "properties": {
+        "node_id": {"type": "string"}, "every_s": {"type": "number"}, "span_s": {"type": "number"},
+        "items": {"type": "array", "items": {"type": "object", "required": ["at", "commit_index", "applied_index"],
+                                             "properties": {
+            "at": _T, "commit_index": {"type": "integer"}, "applied_index": {"type": "integer"},
+            "apply_lag": {"type": "integer"},
+            "runs_started_per_s": {"type": "number", "nullable": True},
+            "runs_ended_per_s": {"type": "number", "nullable": True}}}}}},
     "Member": _MEMBER,
     "MemberList": _list_of("Member"),
     "MemberAdd": _obj({"node_id": {"type": "string"}, "raft_addr": {"type": "string"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiohttp import web
@@ -11,7 +12,9 @@ from scheduler.errors import Conflict, NotFound, ValidationFailed
 
 from ..context import CLOSING, ApiContext
 from ..routing import Param, Route
+from ..views import iso
 from .common import ctx_of, ok, read_json
+from .metrics import metrics_of
 
 __all__ = ["ROUTES", "cluster_view"]
 
@@ -79,6 +82,17 @@ def _ms(seconds: float | None) -> float | None:
 
 async def _cluster(request: web.Request, args: dict[str, Any]) -> web.Response:
     return ok(cluster_view(ctx_of(request)))
+
+
+async def _history(request: web.Request, args: dict[str, Any]) -> web.Response:
+    """This node's last ten minutes (the dashboard's cluster charts), with a sample taken now last."""
+    ctx = ctx_of(request)
+    metrics = metrics_of(ctx)
+    trend = metrics.trend
+    rows = trend.view(metrics.trend_point(time.time()))
+    for r in rows:
+        r["at"] = iso(int(r["at"] * 1_000_000))
+    return ok({"node_id": ctx.node_id, "every_s": trend.every, "span_s": trend.span, "items": rows})
 
 
 WATCH_BOUND = 25  # seconds a watch may wait, under the usual 30 s of proxies and load balancers
@@ -150,6 +164,9 @@ ROUTES = [
           tag="cluster", public=True),
     Route("GET", "/v1/cluster", _cluster, "Leader, term, commit index, members", responses={200: "Cluster"},
           tag="cluster"),
+    Route("GET", "/v1/cluster/history", _history, "This node's last ten minutes, a sample every five seconds "
+          "(kept in memory, empty after a restart): commit and applied index, apply lag, runs started and ended "
+          "per second across the cluster", responses={200: "ClusterHistory"}, tag="cluster"),
     Route("GET", "/v1/watch", _watch, "Wait until this node has applied past `after` (or `timeout` seconds), "
           "then answer its cluster status", params=(
               Param("after", type="integer", required=True, minimum=0, description="an applied_index seen before"),

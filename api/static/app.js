@@ -7,6 +7,7 @@ const RETRY_MS = 2000; // after a failed load or watch
 const WATCH_S = 20; // a watch's timeout (GET /v1/watch)
 const PAGE = 100; // jobs or runs per page
 const STRIP = 20;
+const CHART_RUNS = 200; // runs drawn on a job's chart
 const TOKEN_KEY = "raftcron.token";
 const $ = (sel) => document.querySelector(sel);
 let timer = null;
@@ -129,7 +130,8 @@ function table(head, rows, caption) {
 // ---- views -------------------------------------------------------------------------------
 
 async function viewCluster() {
-  const c = await api("/v1/cluster");
+  const [c, hist] = await Promise.all([api("/v1/cluster"), api("/v1/cluster/history")]);
+  const perSecond = (v) => `${v.toFixed(v < 10 ? 1 : 0)}/s`;
   const rows = c.members.map((m) => h("tr", {},
     h("td", {}, m.node_id || "(unregistered)"), h("td", {}, badge(m.role)),
     h("td", {}, m.reachable ? h("span", { class: "ok" }, "reachable") : h("span", { class: "down" }, "unreachable")),
@@ -143,6 +145,11 @@ async function viewCluster() {
       h("dt", {}, "Applied index"), h("dd", {}, c.applied_index),
       h("dt", {}, "Quorum"), h("dd", {}, c.has_quorum ? "yes" : "no"),
       h("dt", {}, "Answered by"), h("dd", {}, c.node_id)),
+    h("h2", {}, `The last ${Math.round(hist.span_s / 60)} minutes, as ${hist.node_id} saw them`),
+    h("div", { class: "trends" },
+      trendChart(hist.items, "commit_index", "commit index", String),
+      trendChart(hist.items, "apply_lag", "apply lag (entries)", String),
+      trendChart(hist.items, "runs_started_per_s", "runs started", perSecond)),
     table(["Node", "Role", "Health", "Raft address", "API address", "Lag"], rows, "Members"),
   ];
 }
@@ -322,9 +329,9 @@ function legend() {
 async function viewJob(name) {
   const q = encodeURIComponent(name);
   const [job, runs, explain] = await Promise.all([
-    api(`/v1/jobs/${q}`), api(`/v1/jobs/${q}/runs?limit=100`), api(`/v1/jobs/${q}/explain`)]);
+    api(`/v1/jobs/${q}`), api(`/v1/jobs/${q}/runs?limit=${CHART_RUNS}`), api(`/v1/jobs/${q}/explain`)]);
   const st = job.status;
-  const rows = runs.items.map((r) => h("tr", {
+  const rows = runs.items.slice(0, PAGE).map((r) => h("tr", {
     class: r.id === selectedRun ? "selected" : null, tabindex: "0", "data-run": r.id,
     onclick: () => openRun(name, r.id), onkeydown: (ev) => { if (ev.key === "Enter") openRun(name, r.id); },
   }, h("td", {}, when(r.slot)), h("td", {}, badge(r.status)), h("td", {}, r.trigger), h("td", { class: "num" }, r.attempt),
@@ -342,7 +349,7 @@ async function viewJob(name) {
       h("dt", {}, "Next slots"), h("dd", {}, st.next_slots.length ? st.next_slots.slice(0, 3).map(when).join(" · ") : "—"),
       h("dt", {}, "Consecutive failures"), h("dd", {}, st.consecutive_failures),
       st.pause_note ? [h("dt", {}, "Pause note"), h("dd", {}, st.pause_note)] : null),
-    h("h2", {}, "Runs over time"),
+    h("h2", {}, `The last ${runs.items.length} runs`),
     chart(runs.items),
     h("div", { id: "run-detail" }),
     table(["Slot", "Status", "Trigger", "Attempt", "Node", "Duration", "Run"], rows,
@@ -353,36 +360,83 @@ async function viewJob(name) {
   ];
 }
 
+// ---- charts: inline SVG, drawn from the data the view fetched -------------------------------
+
+const NS = "http://www.w3.org/2000/svg";
+
+function svgEl(parent, tag, attrs, title) {
+  const el = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) el.setAttribute(k, v);
+  if (title) { const t = document.createElementNS(NS, "title"); t.textContent = title; el.append(t); }
+  if (parent) parent.append(el);
+  return el;
+}
+
+function svgText(parent, x, y, text, anchor, cls = "tick") {
+  svgEl(parent, "text", { x, y, "text-anchor": anchor, class: cls }).textContent = text;
+}
+
+// A job's last runs by slot: start lateness (started minus slot) above, duration below, each
+// mark coloured by the run's status and carrying its id (data-run).
 function chart(runs) {
-  const NS = "http://www.w3.org/2000/svg";
-  const W = 800, H = 140, P = 24;
-  const svg = document.createElementNS(NS, "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `Duration of the last ${runs.length} runs by slot, coloured by status`);
-  const pts = runs.map((r) => ({ r, t: Date.parse(r.slot) })).filter((p) => !isNaN(p.t));
+  const W = 800, PANEL = 100, L = 60, R = 10, TOP = 18, GAP = 30, H = TOP + PANEL + GAP + PANEL + 24;
+  const pts = runs.map((r) => ({ r, t: Date.parse(r.slot), started: Date.parse(r.started_at) }))
+    .filter((p) => !isNaN(p.t));
   if (!pts.length) return h("p", { class: "muted" }, "no runs yet");
+  const svg = svgEl(null, "svg", { viewBox: `0 0 ${W} ${H}`, class: "chart runs-chart", role: "img",
+    "aria-label": `Start lateness and duration of the last ${pts.length} runs by slot, coloured by status` });
   const t0 = Math.min(...pts.map((p) => p.t)), t1 = Math.max(...pts.map((p) => p.t));
+  const x = (t) => (t1 === t0 ? L + (W - L - R) / 2 : L + ((t - t0) / (t1 - t0)) * (W - L - R));
+  const late = (p) => (isNaN(p.started) ? null : Math.max(0, p.started - p.t));
+  const lmax = Math.max(1, ...pts.map((p) => late(p) ?? 0));
   const dmax = Math.max(1, ...pts.map((p) => p.r.duration_ms || 0));
-  const add = (tag, attrs, title) => {
-    const el = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-    if (title) { const t = document.createElementNS(NS, "title"); t.textContent = title; el.append(t); }
-    svg.append(el);
-    return el;
-  };
-  add("line", { x1: P, y1: H - P, x2: W - 4, y2: H - P, class: "axis" });
-  const label = (x, y, text, anchor) => { add("text", { x, y, "text-anchor": anchor, class: "tick" }).textContent = text; };
-  label(P, H - 6, new Date(t0).toLocaleTimeString(), "start");
-  label(W - 4, H - 6, new Date(t1).toLocaleTimeString(), "end");
-  label(P, 12, `${dur(dmax)}`, "start");
-  const bw = Math.max(3, Math.min(14, (W - P) / pts.length - 2));
-  for (const { r, t } of pts) {
-    const x = P + (t1 === t0 ? (W - P) / 2 : ((t - t0) / (t1 - t0)) * (W - P - bw - 4));
-    const hgt = Math.max(4, ((r.duration_ms || 0) / dmax) * (H - 2 * P - 8));
-    add("rect", { x: x.toFixed(1), y: (H - P - hgt).toFixed(1), width: bw, height: hgt.toFixed(1), class: `bar s-${r.status}` },
-      runTip(r));
+  const lateBase = TOP + PANEL, durBase = TOP + PANEL + GAP + PANEL;
+  for (const [base, label, max] of [[lateBase, "start lateness", lmax], [durBase, "duration", dmax]]) {
+    svgEl(svg, "line", { x1: L, y1: base, x2: W - R, y2: base, class: "axis" });
+    svgEl(svg, "line", { x1: L, y1: base - PANEL, x2: L, y2: base, class: "axis" });
+    svgText(svg, L - 4, base - PANEL + 10, dur(max), "end");
+    svgText(svg, L - 4, base, "0", "end");
+    svgText(svg, L + 4, base - PANEL - 4, label, "start", "tick label");
+  }
+  svgText(svg, L, H - 4, new Date(t0).toLocaleString(), "start");
+  svgText(svg, W - R, H - 4, new Date(t1).toLocaleString(), "end");
+  const bw = Math.max(1.5, Math.min(10, (W - L - R) / pts.length - 1));
+  for (const p of pts) {
+    const cx = x(p.t);
+    const l = late(p);
+    if (l !== null) {
+      svgEl(svg, "circle", { cx: cx.toFixed(1), cy: (lateBase - (l / lmax) * (PANEL - 4)).toFixed(1), r: 3,
+        class: `dot s-${p.r.status}`, "data-run": p.r.id, "data-lateness-ms": l }, `${runTip(p.r)} · started ${dur(l)} after its slot`);
+    }
+    const hgt = Math.max(2, ((p.r.duration_ms || 0) / dmax) * (PANEL - 4));
+    svgEl(svg, "rect", { x: (cx - bw / 2).toFixed(1), y: (durBase - hgt).toFixed(1), width: bw.toFixed(1),
+      height: hgt.toFixed(1), class: `bar s-${p.r.status}`, "data-run": p.r.id }, runTip(p.r));
+  }
+  return svg;
+}
+
+// One measure of the cluster over the node's last ten minutes (GET /v1/cluster/history).
+function trendChart(items, key, label, fmt) {
+  const W = 280, H = 110, L = 8, R = 8, TOP = 30, B = 18;
+  const pts = items.map((s) => ({ at: s.at, t: Date.parse(s.at), v: s[key] })).filter((p) => p.v !== null && !isNaN(p.t));
+  const svg = svgEl(null, "svg", { viewBox: `0 0 ${W} ${H}`, class: "chart trend", role: "img", "data-key": key,
+    "aria-label": `${label} over the last ${items.length} samples` });
+  svgText(svg, L, 13, label, "start", "tick label");
+  if (!pts.length) { svgText(svg, W / 2, H / 2, "no samples yet", "middle"); return svg; }
+  const last = pts[pts.length - 1].v;
+  svgText(svg, W - R, 13, fmt(last), "end", "tick value");
+  const t0 = pts[0].t, t1 = pts[pts.length - 1].t;
+  const lo = Math.min(0, ...pts.map((p) => p.v)), hi = Math.max(...pts.map((p) => p.v));
+  const span = hi - lo || 1;
+  const x = (t) => (t1 === t0 ? W - R : L + ((t - t0) / (t1 - t0)) * (W - L - R));
+  const y = (v) => TOP + (1 - (v - lo) / span) * (H - TOP - B);
+  svgEl(svg, "line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" });
+  svgText(svg, L, H - 4, new Date(t0).toLocaleTimeString(), "start");
+  svgText(svg, W - R, H - 4, new Date(t1).toLocaleTimeString(), "end");
+  svgEl(svg, "polyline", { points: pts.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" "), class: "line" });
+  for (const p of pts) {
+    svgEl(svg, "circle", { cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2, class: "point", "data-at": p.at, "data-value": p.v },
+      `${new Date(p.t).toLocaleTimeString()}: ${fmt(p.v)}`);
   }
   return svg;
 }

@@ -9,9 +9,11 @@ an API token shows the page asking for the token and working once it is given.
 from __future__ import annotations
 
 import http.client
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +116,7 @@ def test_a_running_run_is_shown_running(demo: Demo, browser: Chromium) -> None:
 def test_job_page_has_chart_runs_explain_and_actions(demo: Demo, browser: Chromium) -> None:
     dom = browser.dump(f"{demo.url}/ui/#/jobs/{OK}")
     assert f"<h1>{OK} " in dom
-    assert '<svg viewBox="0 0 800 140" class="chart"' in dom
+    assert 'class="chart runs-chart"' in dom
     assert len(re.findall(r'<rect [^>]*class="bar s-succeeded"', dom)) >= 8
     assert len(re.findall(r'data-run="r\w+"', dom)) >= 8
     assert "scheduled run, claimed by leader" in dom  # the explain list
@@ -143,6 +145,76 @@ def test_cluster_and_dead_letter_views(demo: Demo, browser: Chromium) -> None:
     dom = browser.dump(f"{demo.url}/ui/#/dead")
     assert f'href="#/jobs/{RETRIED}">{RETRIED}</a>' in dom
     assert ">Replay</button>" in dom
+
+
+def _epoch_ms(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def _strictly_ordered(pairs: list[tuple[float, float]], what: str) -> None:
+    """Each (datum, drawn) pair: a larger datum (by more than a rounding) is drawn strictly further."""
+    for a, b in itertools.combinations(pairs, 2):
+        if abs(a[0] - b[0]) > 2:
+            assert (a[1] - b[1]) * (a[0] - b[0]) > 0, f"{what}: {a} and {b} are drawn out of order"
+
+
+MARKS = """[...document.querySelectorAll('svg.runs-chart [data-run]')].map((e) => ({run: e.dataset.run,
+  tag: e.tagName, cls: e.getAttribute('class'), cx: +e.getAttribute('cx'), cy: +e.getAttribute('cy'),
+  x: +e.getAttribute('x'), height: +e.getAttribute('height'), late: e.dataset.latenessMs}))"""
+
+
+async def test_the_job_chart_draws_each_run_where_its_slot_lateness_and_duration_put_it(
+        demo: Demo, page: Page, screenshot_dir: Path) -> None:
+    node = demo.cluster.nodes[0]
+    for job in (OK, SLOW, FAILING):
+        # Runs that had ended before the page loaded do not change: the page draws them as read here.
+        runs = {r["id"]: r for r in node.get(f"/v1/jobs/{job}/runs?limit=200")["items"]
+                if r["status"] in ("succeeded", "failed", "dead") and r["started_at"]}
+        await page.goto(f"{node.url}/ui/#/jobs/{job}")
+        await page.until(f"{job}'s chart", "document.querySelectorAll('svg.runs-chart [data-run]').length >= 2")
+        marks = await page.js(MARKS)
+        dots = {m["run"]: m for m in marks if m["tag"] == "circle" and m["run"] in runs}
+        bars = {m["run"]: m for m in marks if m["tag"] == "rect" and m["run"] in runs}
+        assert len(dots) >= 2 and dots.keys() == bars.keys(), (job, len(dots), len(bars))
+        for rid, m in dots.items():
+            r = runs[rid]
+            assert f"s-{r['status']}" in m["cls"].split() and f"s-{r['status']}" in bars[rid]["cls"].split(), (r, m)
+            late = _epoch_ms(r["started_at"]) - _epoch_ms(r["slot"])
+            assert abs(float(m["late"]) - late) < 1.5, (r, m)  # the lateness drawn is started minus slot
+        _strictly_ordered([(_epoch_ms(runs[i]["slot"]), dots[i]["cx"]) for i in dots], "slot -> x")
+        _strictly_ordered([(float(dots[i]["late"]), -dots[i]["cy"]) for i in dots], "lateness -> height")
+        _strictly_ordered([(runs[i]["duration_ms"], bars[i]["height"]) for i in bars], "duration -> bar height")
+    failed = [m for m in marks if "s-failed" in m["cls"].split()]
+    assert failed, "the failing job's failed runs are drawn in the failed colour"
+    await page.goto(f"{node.url}/ui/#/jobs/{SLOW}")
+    await page.until("the chart", "document.querySelectorAll('svg.runs-chart [data-run]').length >= 2")
+    await page.screenshot(screenshot_dir / "job-chart.png", 1100, 760)
+
+
+async def test_the_cluster_page_charts_the_nodes_last_minutes(demo: Demo, page: Page, screenshot_dir: Path) -> None:
+    node = demo.cluster.nodes[0]
+    hist = node.get("/v1/cluster/history")
+    stored = hist["items"][:-1]  # the last is a sample taken at the read
+    assert hist["every_s"] == 5 and len(stored) >= 1, hist
+    assert [s["commit_index"] for s in hist["items"]] == sorted(s["commit_index"] for s in hist["items"]), hist
+    await page.goto(f"{node.url}/ui/#/cluster")
+    await page.until("the trend charts", "document.querySelectorAll('svg.trend .point').length >= 6")
+    drawn = await page.js("""Object.fromEntries([...document.querySelectorAll('svg.trend')].map((s) => [s.dataset.key,
+      [...s.querySelectorAll('.point')].map((p) => ({at: p.dataset.at, v: +p.dataset.value, cx: +p.getAttribute('cx'),
+      cy: +p.getAttribute('cy')}))]))""")
+    assert set(drawn) == {"commit_index", "apply_lag", "runs_started_per_s"}, drawn.keys()
+    commits = {p["at"]: p for p in drawn["commit_index"]}
+    for s in stored:  # every sample the node kept is drawn, at its value
+        assert s["at"] in commits and commits[s["at"]]["v"] == s["commit_index"], (s, drawn["commit_index"])
+    points = drawn["commit_index"]
+    assert [p["cx"] for p in points] == sorted(p["cx"] for p in points)
+    assert points[-1]["v"] > points[0]["v"], points  # jobs ran: the log grew
+    _strictly_ordered([(p["v"], -p["cy"]) for p in points], "commit index -> height")
+    rates = drawn["runs_started_per_s"]
+    assert max(p["v"] for p in rates) > 0, rates  # a job runs every second
+    top = max(rates, key=lambda p: p["v"])
+    assert top["cy"] == min(p["cy"] for p in rates), rates
+    await page.screenshot(screenshot_dir / "cluster-charts.png", 1100, 700)
 
 
 def test_screenshots(demo: Demo, browser: Chromium, screenshot_dir: Path) -> None:
