@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,8 +218,13 @@ def _epoch(slot: str) -> float:
     return datetime.fromisoformat(slot.replace("Z", "+00:00")).timestamp()
 
 
-def analyse(records: list[list[Any]], k: int, t0: float, t1: float) -> dict[str, Any]:
-    """Deliveries of the slots in [t0, t1): first-delivery lateness, missing and doubled slots."""
+CDF_POINTS = 200
+"""``cdf=True``: the lateness quantiles kept, at every half percent (a plot's CDF, not the raw values)."""
+
+
+def analyse(records: list[list[Any]], k: int, t0: float, t1: float, cdf: bool = False) -> dict[str, Any]:
+    """Deliveries of the slots in [t0, t1): first-delivery lateness, missing and doubled slots
+    (with ``cdf``, the lateness at each of CDF_POINTS + 1 evenly spaced quantiles, in seconds)."""
     first: dict[tuple[str, float], float] = {}
     first_attempt: dict[tuple[str, float], str | None] = {}
     count: Counter[tuple[str, float]] = Counter()
@@ -241,7 +247,7 @@ def analyse(records: list[list[Any]], k: int, t0: float, t1: float) -> dict[str,
     expected = k * round(t1 - t0)
     delivered = len(first)
     bucket_mean = delivered / 100 if delivered else 0
-    return {
+    out = {
         "expected_slots": expected, "delivered_slots": delivered, "missing_slots": max(0, expected - delivered),
         "doubled_slots": len(doubled), "doubled": doubled, "delivery_ratio": delivered / expected if expected else None,
         "lateness": summary(late), "early": sum(1 for x in late if x < 0),
@@ -249,6 +255,10 @@ def analyse(records: list[list[Any]], k: int, t0: float, t1: float) -> dict[str,
         "first_delivered_by_a_retry": len(late) - len(late_a1), "lateness_first_attempts": summary(late_a1),
         "phase_spread": {"busiest_10ms_bucket": max(phases.values(), default=0), "mean_10ms_bucket": round(bucket_mean, 1)},
     }
+    if cdf:
+        qs = [min(late), *statistics.quantiles(late, n=CDF_POINTS, method="inclusive"), max(late)] if len(late) > 1 else late
+        out["lateness_quantiles"] = [round(q, 6) for q in qs]
+    return out
 
 
 # ---- one measured run ---------------------------------------------------------------------------------------
@@ -299,7 +309,7 @@ def run_rate(k: int, seconds: float, a: argparse.Namespace, kill_at: float | Non
     if "aborted" in out:
         return out
     out["window"] = [t0, t1]
-    out["result"] = analyse(records, k, t0, t1)
+    out["result"] = analyse(records, k, t0, t1, cdf=a.cdf)
     if kill_at is not None and "ledger" in out:
         lost = set(out["ledger"].pop("slots_with_a_lost_attempt"))
         out["result"]["doubled_after_a_lost_attempt"] = sum(d in lost for d in out["result"]["doubled"])
@@ -604,6 +614,7 @@ def main() -> None:
     p.add_argument("--apply-during", type=int, default=0, metavar="N",
                    help=f"rates mode: {APPLY_AT:g} s into each window, raftcron apply -f of N new jobs; its time and "
                         "the lateness of the slots due while it ran are reported (section rates-apply)")
+    p.set_defaults(cdf=False)
     a = p.parse_args()
     a.rates = [int(x) for x in str(a.rates).split(",") if x]
     a.search_rates = [int(x) for x in str(a.search_rates).split(",") if x]
