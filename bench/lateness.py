@@ -27,8 +27,8 @@ K jobs are created paced over about one second; when the API cannot take K
 writes in a second the creation takes longer, and the phases are still spread
 (the JSON reports the busiest 10 ms phase bucket against the mean).
 
-No APScheduler reference is run here (it is not installed); the issue's figures
-are quoted for scale: p99 51 ms at 100/s, 302 ms at 1,000/s, 599 ms at 2,000/s.
+No APScheduler reference is run here; ``python -m bench.compare`` runs it beside raftcron in
+one run. The APScheduler figures in the table this prints are an earlier day's, for scale only.
 
     python -m bench.lateness                 # rates, ~5 minutes
     python -m bench.lateness search          # ~5 minutes
