@@ -250,7 +250,10 @@ class Agent:
         """The dashboard's cluster charts: a sample of this node every few seconds (api.metrics.Trend)."""
         assert self.metrics is not None
         while True:
-            self.metrics.sample_trend(time.time())
+            try:
+                self.metrics.sample_trend(time.time())
+            except Exception:  # noqa: BLE001 - a bug here must not freeze the charts for good
+                log.exception("could not sample the trend")
             await asyncio.sleep(self.metrics.trend.every)
 
     async def _watch_peers(self) -> None:

@@ -14,9 +14,9 @@ Three kinds of source, each read where it is safe to:
   hook (``observe_api``): histograms;
 - scrape-time reads (``_ScrapeCollector``): raft status, ledger sizes, worker
   queues, computed when ``/metrics`` is served, so they are never stale;
-- the trend (``Trend``): commit and applied index and the runs started and ended,
-  sampled every few seconds by the agent and kept for ten minutes, for the
-  dashboard's cluster charts (``GET /v1/cluster/history``).
+- the trend (``Trend``): commit and applied index and the attempts ended, sampled
+  every few seconds by the agent and kept for ten minutes, for the dashboard's
+  cluster charts (``GET /v1/cluster/history``).
 
 Every method here runs on the event loop, takes no lock a raft thread holds for
 long and does no I/O.
@@ -173,37 +173,40 @@ TREND_SPAN_S = 600.0
 
 class Trend:
     """This node's last ``span`` seconds, one sample every ``every`` seconds, in memory only: the
-    commit and applied index, and how many runs had started and ended by then (counted from the
-    entries this node applied, so the whole cluster's runs). A node's trend starts empty at its
-    start; its history is nobody's record, ``/metrics`` and the ledger are."""
+    commit and applied index, and how many attempts had ended by then (finished with a result,
+    lost, or cancelled while held; counted from the entries this node applied, so the whole
+    cluster's). A node's trend starts empty at its start; it is nobody's record, ``/metrics`` and
+    the ledger are."""
 
     def __init__(self, every: float = TREND_EVERY_S, span: float = TREND_SPAN_S) -> None:
         self.every, self.span = every, span
-        self._samples: deque[tuple[float, int, int, int, int]] = deque(maxlen=int(span / every) + 1)
+        self._samples: deque[tuple[float, int, int, int]] = deque(maxlen=int(span / every) + 1)
 
-    def add(self, at: float, commit: int, applied: int, started: int, ended: int) -> None:
+    def add(self, at: float, commit: int, applied: int, ended: int) -> None:
         """``at``: epoch seconds. A sample older than the last is dropped (a clock stepped back)."""
         if self._samples and at <= self._samples[-1][0]:
             return
-        self._samples.append((at, commit, applied, started, ended))
+        self._samples.append((at, commit, applied, ended))
 
-    def view(self, now: tuple[float, int, int, int, int] | None = None) -> list[dict[str, Any]]:
+    def view(self, now: tuple[float, int, int, int] | None = None) -> list[dict[str, Any]]:
         """The samples oldest first, with ``now`` (a sample taken at the read) appended when given;
-        each sample's rates are over the time since the one before (null for the first)."""
+        each sample's rate is over the time since the one before: null for the first, and for
+        ``now`` when it comes less than half an interval after the last (a handful of runs over a
+        few milliseconds would read as a burst that never was)."""
         rows = list(self._samples)
-        if now is not None and (not rows or now[0] > rows[-1][0]):
+        fresh = now is not None and (not rows or now[0] > rows[-1][0])
+        if now is not None and fresh:
             rows.append(now)
-        rows = [r for r in rows if r[0] >= (rows[-1][0] - self.span if rows else 0)]
+        rows = [r for r in rows if r[0] >= rows[-1][0] - self.span] if rows else rows
         out: list[dict[str, Any]] = []
-        prev: tuple[float, int, int, int, int] | None = None
-        for at, commit, applied, started, ended in rows:
+        for i, (at, commit, applied, ended) in enumerate(rows):
+            prev = rows[i - 1] if i else None
             gap = at - prev[0] if prev is not None else 0.0
+            short = fresh and i == len(rows) - 1 and gap < self.every / 2
             out.append({
                 "at": at, "commit_index": commit, "applied_index": applied, "apply_lag": max(0, commit - applied),
-                "runs_started_per_s": round((started - prev[3]) / gap, 3) if prev is not None and gap > 0 else None,
-                "runs_ended_per_s": round((ended - prev[4]) / gap, 3) if prev is not None and gap > 0 else None,
+                "runs_ended_per_s": round((ended - prev[3]) / gap, 3) if prev is not None and gap > 0 and not short else None,
             })
-            prev = (at, commit, applied, started, ended)
         return out
 
 
@@ -236,8 +239,7 @@ class Metrics:
         r.register(_ScrapeCollector(self))
         self._last_term: int | None = None
         self.trend = Trend()
-        self.runs_started = 0  # runs started and ended, cluster-wide, from entries applied while live
-        self.runs_ended = 0
+        self.runs_ended = 0  # attempts ended (any way), cluster-wide, from entries applied while live
 
     # ---- hooks ---------------------------------------------------------------------
 
@@ -263,9 +265,9 @@ class Metrics:
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
-    def trend_point(self, at: float) -> tuple[float, int, int, int, int]:
+    def trend_point(self, at: float) -> tuple[float, int, int, int]:
         st = self.raft()
-        return (at, st.commit_index, st.applied_index, self.runs_started, self.runs_ended)
+        return (at, st.commit_index, st.applied_index, self.runs_ended)
 
     def sample_trend(self, at: float) -> None:
         """The agent calls this every ``trend.every`` seconds."""
@@ -296,7 +298,6 @@ class Metrics:
                 self._by_id(result["cancelled"], RunStatus.CANCELLED)
             case StartRuns():
                 self._by_id(result["started"], RunStatus.RUNNING)
-                self.runs_started += len(result["started"])
             case FinishRuns():
                 self.runs_ended += len(result["finished"])
                 for run in result["finished"]:
@@ -310,6 +311,7 @@ class Metrics:
                 run = result["cancelled"]
                 if run.get("status") == RunStatus.CANCELLED:
                     self.jobs.run(run["job"], RunStatus.CANCELLED)
+                    self.runs_ended += 1
             case PutJob():
                 self.job_writes.labels("put_job", result["change"]).inc()
                 self._by_id(result.get("cancelled") or (), RunStatus.CANCELLED)
@@ -325,6 +327,8 @@ class Metrics:
 
     def _by_id(self, run_ids: Any, status: str) -> None:
         for rid in run_ids:
+            if status == RunStatus.CANCELLED:
+                self.runs_ended += 1
             run = self.state.runs.get(rid)
             if run is not None:
                 self.jobs.run(run["job"], status)

@@ -136,7 +136,6 @@ COMPONENTS: dict[str, Any] = {
                                              "properties": {
             "at": _T, "commit_index": {"type": "integer"}, "applied_index": {"type": "integer"},
             "apply_lag": {"type": "integer"},
-            "runs_started_per_s": {"type": "number", "nullable": True},
             "runs_ended_per_s": {"type": "number", "nullable": True}}}}}},
     "Member": _MEMBER,
     "MemberList": _list_of("Member"),

@@ -12,9 +12,10 @@ session, carrying the same headers a raftcron HTTP job sends (``X-Raftcron-Job``
 
 The slot a fire belongs to is the run time APScheduler scheduled it for: the executor
 below hands it to the job through a context variable (the only place this reaches into
-APScheduler, hence the pinned version in pyproject.toml). Runs APScheduler skips (a run
-more than the grace late, or a job still running its previous fire) are counted from its
-events and written with the process's CPU time to ``--out`` at SIGTERM.
+APScheduler, hence the pinned version in pyproject.toml). The runs APScheduler reports
+skipping (more than the grace late, or the job's previous fire still running) are counted
+from its events and written with the process's CPU time to ``--out`` at SIGTERM; run times it
+coalesces away raise no event, so the slots not delivered are counted at the sink, not here.
 
     python -m bench.apscheduler_peer --jobs 1000 --url http://127.0.0.1:PORT/hook --out stats.json
 """

@@ -143,14 +143,15 @@ class EtcdCluster:
         return found
 
     def caught_up(self, member: Member, timeout: float = 60.0) -> float:
-        """Wait until ``member`` has the leader's raft index as of when we asked; seconds taken."""
+        """Wait until ``member`` has applied the leader's committed index as of when we asked (as the
+        raftcron side waits for its applied index); seconds taken."""
         t0 = time.monotonic()
 
         def check() -> bool:
-            lead = self.leader(timeout=10)
+            lead = self.leader(timeout=min(10.0, max(0.1, t0 + timeout - time.monotonic())))
             target = (lead.status() or {}).get("raftIndex")
             mine = member.status()
-            return target is not None and mine is not None and int(mine.get("raftIndex", 0)) >= int(target)
+            return target is not None and mine is not None and int(mine.get("raftAppliedIndex", 0)) >= int(target)
 
         wait_for(f"etcd {member.name} to catch up", check, timeout, interval=0.05)
         return time.monotonic() - t0

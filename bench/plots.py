@@ -57,6 +57,8 @@ def lateness_cdf(doc: dict[str, Any], out: Path) -> Path | None:
                     continue
                 res = r["result"]
                 qs = [max(q * 1000, 0.1) for q in res["lateness_quantiles"]]
+                if len(qs) < 2:
+                    continue
                 share = res["delivery_ratio"] or 0.0
                 ys = [share * n / (len(qs) - 1) for n in range(len(qs))]
                 ax.plot(qs, ys, color=COLOURS[r["system"]], label=LABELS[r["system"]], linewidth=1.6)
@@ -92,13 +94,20 @@ def writes(doc: dict[str, Any], out: Path) -> Path | None:
         levels = [t["inflight"] for t in mine[0]["throughput"]]
         for r in mine:  # each run as points, the median as the line
             left.scatter(levels, [t["rate"] for t in r["throughput"]], color=COLOURS[system], s=12, alpha=0.5)
-            right.scatter(levels, [t["server_cpu_ms_per_write"] or 0 for t in r["throughput"]], color=COLOURS[system],
-                          s=12, alpha=0.5)
+            known = [(lv, t["server_cpu_ms_per_write"]) for lv, t in zip(levels, r["throughput"], strict=True)
+                     if t["server_cpu_ms_per_write"] is not None]
+            right.scatter([k for k, _ in known], [v for _, v in known], color=COLOURS[system], s=12, alpha=0.5)
         med = [statistics.median(r["throughput"][i]["rate"] for r in mine) for i in range(len(levels))]
-        cpu = [statistics.median((r["throughput"][i]["server_cpu_ms_per_write"] or 0) for r in mine) for i in range(len(levels))]
+        cpu_levels, cpu = [], []
+        for i, lv in enumerate(levels):
+            vals = [r["throughput"][i]["server_cpu_ms_per_write"] for r in mine
+                    if r["throughput"][i]["server_cpu_ms_per_write"] is not None]
+            if vals:
+                cpu_levels.append(lv)
+                cpu.append(statistics.median(vals))
         seq = statistics.median(r["sequential"]["p50"] for r in mine) * 1000
         left.plot(levels, med, color=COLOURS[system], marker="o", label=f"{LABELS[system]}; sequential p50 {seq:.1f} ms")
-        right.plot(levels, cpu, color=COLOURS[system], marker="o", label=LABELS[system])
+        right.plot(cpu_levels, cpu, color=COLOURS[system], marker="o", label=LABELS[system])
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 16, 64], ["1", "16", "64"])

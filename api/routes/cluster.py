@@ -165,8 +165,8 @@ ROUTES = [
     Route("GET", "/v1/cluster", _cluster, "Leader, term, commit index, members", responses={200: "Cluster"},
           tag="cluster"),
     Route("GET", "/v1/cluster/history", _history, "This node's last ten minutes, a sample every five seconds "
-          "(kept in memory, empty after a restart): commit and applied index, apply lag, runs started and ended "
-          "per second across the cluster", responses={200: "ClusterHistory"}, tag="cluster"),
+          "(kept in memory, empty after a restart): commit and applied index, apply lag, attempts ended per "
+          "second across the cluster", responses={200: "ClusterHistory"}, tag="cluster"),
     Route("GET", "/v1/watch", _watch, "Wait until this node has applied past `after` (or `timeout` seconds), "
           "then answer its cluster status", params=(
               Param("after", type="integer", required=True, minimum=0, description="an applied_index seen before"),

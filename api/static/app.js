@@ -130,7 +130,8 @@ function table(head, rows, caption) {
 // ---- views -------------------------------------------------------------------------------
 
 async function viewCluster() {
-  const [c, hist] = await Promise.all([api("/v1/cluster"), api("/v1/cluster/history")]);
+  // The charts are extra: a node that cannot answer the history (an older version) still shows the rest.
+  const [c, hist] = await Promise.all([api("/v1/cluster"), api("/v1/cluster/history").catch(() => null)]);
   const perSecond = (v) => `${v.toFixed(v < 10 ? 1 : 0)}/s`;
   const rows = c.members.map((m) => h("tr", {},
     h("td", {}, m.node_id || "(unregistered)"), h("td", {}, badge(m.role)),
@@ -145,11 +146,11 @@ async function viewCluster() {
       h("dt", {}, "Applied index"), h("dd", {}, c.applied_index),
       h("dt", {}, "Quorum"), h("dd", {}, c.has_quorum ? "yes" : "no"),
       h("dt", {}, "Answered by"), h("dd", {}, c.node_id)),
-    h("h2", {}, `The last ${Math.round(hist.span_s / 60)} minutes, as ${hist.node_id} saw them`),
-    h("div", { class: "trends" },
-      trendChart(hist.items, "commit_index", "commit index", String),
-      trendChart(hist.items, "apply_lag", "apply lag (entries)", String),
-      trendChart(hist.items, "runs_started_per_s", "runs started", perSecond)),
+    ...(hist ? [h("h2", {}, `The last ${Math.round(hist.span_s / 60)} minutes, as ${hist.node_id} saw them`),
+      h("div", { class: "trends" },
+        trendChart(hist.items, "commit_index", "commit index", String),
+        trendChart(hist.items, "apply_lag", "apply lag (entries)", String),
+        trendChart(hist.items, "runs_ended_per_s", "runs ended", perSecond))] : []),
     table(["Node", "Role", "Health", "Raft address", "API address", "Lag"], rows, "Members"),
   ];
 }

@@ -13,7 +13,10 @@ def test_a_higher_rate_is_ahead_and_a_higher_latency_is_behind() -> None:
     assert _ratio(3.0, 1.5, higher_is_better=False) == {"ratio": 2.0, "verdict": "behind by 2.00x"}
     assert _ratio(0.5, 2.0, higher_is_better=False) == {"ratio": 0.25, "verdict": "ahead by 4.00x"}
     assert _ratio(1.02, 1.0, higher_is_better=False)["verdict"] == "level"
+    assert _ratio(0.97, 1.0, higher_is_better=False)["verdict"] == "level"  # level either way round
     assert _ratio(None, 1.0, higher_is_better=True)["verdict"] == "not comparable"
+    assert _ratio(95.0, 0.0, higher_is_better=True) == {"ratio": None, "verdict": "ahead"}  # the peer delivered none
+    assert _ratio(0.0, 95.0, higher_is_better=True) == {"ratio": None, "verdict": "behind"}
 
 
 def _writes(system: str, seq_p50: float, rates: list[float]) -> dict[str, Any]:
@@ -32,11 +35,13 @@ def test_the_summary_takes_medians_per_system_and_compares_like_with_like() -> N
            "failover": [{"system": "raftcron", "kills": [{"seconds": 0.6}, {"seconds": 0.8}]},
                         {"system": "etcd", "kills": [{"seconds": 1.2}, {"seconds": 1.4}]}],
            "lateness": [_late("raftcron", "aligned", 0.4, 1.0), _late("apscheduler", "aligned", 0.8, 0.5),
-                        _late("raftcron", "spread", 0.02, 1.0)]}  # spread has no APScheduler run: no row
+                        _late("raftcron", "spread", 0.02, 1.0), _late("apscheduler", "spread", 0.01, 0.999)]}
     rows = {r["measure"]: r for r in summarise(doc)}
     assert rows["sequential PUT p50"]["raftcron"] == 5.0 and rows["sequential PUT p50"]["verdict"] == "behind by 2.50x"
     assert rows["writes/s, 64 in flight"]["raftcron"] == 1300 and rows["writes/s, 64 in flight"]["ratio"] == 0.464
     assert rows["failover: kill -9 leader -> first write, median"]["verdict"] == "ahead by 1.86x"
-    assert rows["start lateness p99, 1,000/s aligned"]["verdict"] == "ahead by 2.00x"
+    # APScheduler dropped half its slots: its lateness is of the other half, so no verdict on it
+    assert rows["start lateness p99, 1,000/s aligned"]["verdict"] == "not comparable: delivered 100.0 % against 50.0 %"
     assert rows["slots delivered, 1,000/s aligned"]["verdict"] == "ahead by 2.00x"
-    assert not any("spread" in m for m in rows)
+    assert rows["start lateness p99, 1,000/s spread"]["verdict"] == "behind by 2.00x"
+    assert rows["slots delivered, 1,000/s spread"]["verdict"] == "level"
