@@ -422,6 +422,8 @@ def summarise(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 row(f"server CPU per write, {k} in flight (3 processes, net of idle)",
                     _r(level("raftcron", i, "server_cpu_ms_per_write"), 1, 3),
                     _r(level("etcd", i, "server_cpu_ms_per_write"), 1, 3), "etcd", "ms", False)
+        row("servers' CPU while idle (3 processes)", _r(median_of(r["idle_cores"] for r in by["raftcron"]), 1, 3),
+            _r(median_of(r["idle_cores"] for r in by["etcd"]), 1, 3), "etcd", "cores", False)
     f = {s: [k for run in doc.get("failover", []) if run["system"] == s for k in run["kills"]] for s in SYSTEMS}
     bound = float(doc.get("params", {}).get("bound", 30.0))
     if all(f.values()):
@@ -433,6 +435,12 @@ def summarise(doc: dict[str, Any]) -> list[dict[str, Any]]:
         row("failover: kill -9 leader -> first write, median", _r(fo("raftcron", 50), 1, 3), _r(fo("etcd", 50), 1, 3),
             "etcd", "s", False, kills=len(f["raftcron"]), peer_kills=len(f["etcd"]), without_a_write=never)
         row("failover: max", _r(fo("raftcron", 100), 1, 3), _r(fo("etcd", 100), 1, 3), "etcd", "s", False)
+
+        def back(s: str) -> float | None:
+            return median_of(k.get("rejoined_s") for k in f[s])
+
+        row("failover: killed member restarted -> caught up, median", _r(back("raftcron"), 1, 3), _r(back("etcd"), 1, 3),
+            "etcd", "s", False)
     lat = doc.get("lateness", [])
     for mode in ("spread", "aligned"):
         for k in sorted({r["rate"] for r in lat}):
@@ -493,7 +501,18 @@ def main() -> None:
     p.add_argument("--sink-procs", type=int, default=2)
     p.add_argument("--keep", action="store_true", help="keep raftcron agents' logs under bench/results/runs/")
     p.add_argument("--out", default=None, help="where the JSON and plots go (default docs/bench; --quick: bench/results/compare-quick)")
+    p.add_argument("--from", dest="again", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: work out the summary and draw the plots of an earlier run's JSON again, in place")
     a = p.parse_args()
+    if a.again is not None:
+        doc = json.loads(a.again.read_text())
+        doc["summary"] = summarise(doc)
+        print_summary(doc)
+        a.again.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        from .plots import render
+        for written in render(doc, a.again.parent):
+            print(f"[bench] drew {written}")
+        return
     if a.quick:
         a.repeat, a.seq, a.write_seconds, a.kills, a.rates, a.window, a.after = 1, 100, 3.0, 3, "100,1000", 8.0, 4.0
     a.rates = [int(x) for x in str(a.rates).split(",") if x]

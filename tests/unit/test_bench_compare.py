@@ -20,7 +20,7 @@ def test_a_higher_rate_is_ahead_and_a_higher_latency_is_behind() -> None:
 
 
 def _writes(system: str, seq_p50: float, rates: list[float]) -> dict[str, Any]:
-    return {"system": system, "sequential": {"p50": seq_p50, "p99": seq_p50 * 2},
+    return {"system": system, "idle_cores": 0.1, "sequential": {"p50": seq_p50, "p99": seq_p50 * 2},
             "throughput": [{"inflight": k, "rate": r, "server_cpu_ms_per_write": 1.0} for k, r in zip((1, 16, 64), rates, strict=True)]}
 
 
