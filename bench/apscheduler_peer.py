@@ -69,7 +69,11 @@ async def _serve(a: argparse.Namespace) -> None:
         except (TimeoutError, aiohttp.ClientError):
             counts["post_errors"] += 1
 
+    stopping = False
+
     def on_event(event: JobEvent) -> None:
+        if stopping:  # the shutdown cancels the fires in flight: those are not the scheduler's errors
+            return
         key = {EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances", EVENT_JOB_ERROR: "job_errors"}
         counts[key[event.code]] += 1
 
@@ -90,6 +94,7 @@ async def _serve(a: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     print("ready", flush=True)
     await stop.wait()
+    stopping = True
     scheduler.shutdown(wait=False)
     await session.close()
     cpu = time.process_time()
