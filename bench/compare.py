@@ -469,6 +469,60 @@ def _r(v: float | None, scale: float = 1.0, digits: int = 2) -> float | None:
     return None if v is None else round(v * scale, digits)
 
 
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{v:.1f} %"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def markdown(summary: list[dict[str, Any]]) -> str:
+    """The summary as README's table: related measures in one row, values and verdicts joined by " / "."""
+    by = {r["measure"]: r for r in summary}
+    groups: list[tuple[str, list[str]]] = [
+        ("sequential PUT p50 / p99 (ms)", ["sequential PUT p50", "sequential PUT p99"]),
+        ("writes/s, 1 / 16 / 64 in flight", [f"writes/s, {k} in flight" for k in INFLIGHT]),
+        ("server CPU per write at 64 in flight, three processes, net of idle (ms)",
+         [f"server CPU per write, {INFLIGHT[-1]} in flight (3 processes, net of idle)"]),
+        ("the three servers' CPU while idle (cores)", ["servers' CPU while idle (3 processes)"]),
+        ("kill -9 of the leader -> first write answered, median / max (s)",
+         ["failover: kill -9 leader -> first write, median", "failover: max"]),
+        ("the killed member restarted -> caught up, median (s)", ["failover: killed member restarted -> caught up, median"]),
+    ]
+    for mode in ("spread", "aligned"):
+        for k in sorted({r["rate"] for r in summary if r.get("mode") == mode}):
+            groups.append((f"{k:,} jobs/s {mode}: start lateness p50 / p99 / max (ms), slots delivered",
+                           [f"start lateness {q}, {k:,}/s {mode}" for q in ("p50", "p99", "max")]
+                           + [f"slots delivered, {k:,}/s {mode}"]))
+    lines = ["| measure | raftcron | peer | raftcron / peer | verdict |", "|---|---|---|---|---|"]
+    for title, names in groups:
+        rows = [by[n] for n in names if n in by]
+        if not rows:
+            continue
+        peer = rows[0]["peer"]
+        lines.append("| " + " | ".join([
+            title, " / ".join(_fmt(r["raftcron"], r["unit"]) for r in rows),
+            f"{peer} " + " / ".join(_fmt(r["peer_value"], r["unit"]) for r in rows),
+            " / ".join("-" if r["ratio"] is None else f"{r['ratio']:.2f}" for r in rows),
+            _verdicts([r["verdict"] for r in rows])]) + " |")
+    return "\n".join(lines)
+
+
+def _verdicts(vs: list[str]) -> str:
+    """"behind by 2.49x / behind by 1.97x" reads "behind by 2.49x / 1.97x"; a verdict repeated is said once."""
+    out: list[str] = []
+    for i, v in enumerate(vs):
+        prev = vs[i - 1] if i else None
+        if v == prev and v.startswith("not comparable"):
+            continue
+        word = v.split(" by ")[0]
+        if prev is not None and " by " in v and prev.split(" by ")[0] == word:
+            v = v.split(" by ", 1)[1]
+        out.append(v)
+    return " / ".join(out)
+
+
 def print_summary(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     print(f"\n{m['cpus']} CPUs, load 1m at start {m['load_at_start']['1m']}, commit {m['commit']}")
@@ -503,10 +557,14 @@ def main() -> None:
     p.add_argument("--out", default=None, help="where the JSON and plots go (default docs/bench; --quick: bench/results/compare-quick)")
     p.add_argument("--from", dest="again", type=Path, default=None, metavar="JSON",
                    help="measure nothing: work out the summary and draw the plots of an earlier run's JSON again, in place")
+    p.add_argument("--markdown", action="store_true", help="with --from: print the summary as README's table")
     a = p.parse_args()
     if a.again is not None:
         doc = json.loads(a.again.read_text())
         doc["summary"] = summarise(doc)
+        if a.markdown:
+            print(markdown(doc["summary"]))
+            return
         print_summary(doc)
         a.again.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         from .plots import render

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.compare import _ratio, summarise
+from bench.compare import _ratio, _verdicts, markdown, summarise
 
 
 def test_a_higher_rate_is_ahead_and_a_higher_latency_is_behind() -> None:
@@ -45,3 +45,14 @@ def test_the_summary_takes_medians_per_system_and_compares_like_with_like() -> N
     assert rows["slots delivered, 1,000/s aligned"]["verdict"] == "ahead by 2.00x"
     assert rows["start lateness p99, 1,000/s spread"]["verdict"] == "behind by 2.00x"
     assert rows["slots delivered, 1,000/s spread"]["verdict"] == "level"
+
+
+def test_the_readme_table_joins_related_measures_in_one_row() -> None:
+    doc = {"writes": [_writes("raftcron", 0.004, [200, 900, 1200]), _writes("etcd", 0.002, [500, 1800, 2800])],
+           "lateness": [_late("raftcron", "aligned", 0.4, 0.6), _late("apscheduler", "aligned", 0.8, 0.9)]}
+    table = markdown(summarise(doc))
+    assert "| sequential PUT p50 / p99 (ms) | 4 / 8 | etcd 2 / 4 | 2.00 / 2.00 | behind by 2.00x / 2.00x |" in table
+    assert ("| 1,000 jobs/s aligned: start lateness p50 / p99 / max (ms), slots delivered | 100 / 400 / 800 / 60.0 % "
+            "| APScheduler 200 / 800 / 1,600 / 90.0 % | - / - / - / 0.67 "
+            "| not comparable: delivered 60.0 % against 90.0 % / behind by 1.50x |") in table
+    assert _verdicts(["ahead by 2.00x", "behind by 1.20x", "behind by 1.30x"]) == "ahead by 2.00x / behind by 1.20x / 1.30x"
