@@ -255,13 +255,13 @@ def main() -> None:
     p.add_argument("--agent-arg", action="append", default=[], metavar="FLAGS",
                    help="more agent flags, e.g. --agent-arg '--http-connections-per-host 64' (repeatable)")
     p.add_argument("--profile", type=float, default=0.0, metavar="S",
-                   help="py-spy (pip install py-spy) on every agent for S seconds from 0.5 s before the instant")
+                   help="py-spy (pip install -e '.[bench]') on every agent for S seconds from 0.5 s before the instant")
     p.add_argument("--ab", default=None, help="also write bench/ab/NAME.json")
     a = p.parse_args()
     if a.quick:
         a.sizes, a.repeat = "1000", 1
     if a.profile and shutil.which("py-spy") is None:
-        raise SystemExit("--profile needs py-spy: pip install py-spy")
+        raise SystemExit("--profile needs py-spy: pip install -e '.[bench]'")
     sizes = [int(x) for x in a.sizes.split(",")]
     inflights = [int(x) for x in a.floor_inflight.split(",")]
     doc: dict[str, Any] = {"machine": machine(), "sizes": sizes, "runs": []}

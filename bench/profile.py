@@ -1,6 +1,6 @@
 """Where the agents spend their time: py-spy on every agent of a fresh cluster under load.
 
-    pip install py-spy
+    pip install -e '.[bench]'     # py-spy
     python -m bench.profile writes      # 64 concurrent PUTs against the leader
     python -m bench.profile runs --rate 1000   # RATE `@every 1s` HTTP jobs to a sink
 
@@ -58,7 +58,7 @@ def main() -> None:
                    help="pause each agent while sampling it: exact stacks, but the agents run slower")
     a = p.parse_args()
     if shutil.which("py-spy") is None:
-        raise SystemExit("py-spy not found: pip install py-spy")
+        raise SystemExit("py-spy not found: pip install -e '.[bench]'")
     RESULTS.mkdir(parents=True, exist_ok=True)
     farm = SinkFarm(2) if a.load == "runs" else None
     info: dict[str, Any] = {"load_before": load()}
