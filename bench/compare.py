@@ -28,8 +28,8 @@ behind. The JSON and the plots (bench/plots.py) go to ``--out`` (default ``docs/
 Needs ``pip install -e '.[bench]'`` (APScheduler 3, matplotlib) and
 ``apt-get install etcd-server etcd-client``.
 
-    python -m bench.compare            # ~25 minutes
-    python -m bench.compare --quick    # ~4 minutes: fewer kills, rates 100 and 1,000, short windows
+    python -m bench.compare            # ~15 minutes
+    python -m bench.compare --quick    # ~5 minutes: fewer kills, rates 100 and 1,000, short windows
 """
 
 from __future__ import annotations
@@ -168,17 +168,18 @@ def _session(limit: int) -> aiohttp.ClientSession:
 # ---- writes -----------------------------------------------------------------------------------------------------
 
 
+async def _timed(store: Store, s: aiohttp.ClientSession, base: str, name: str) -> float | None:
+    """One write's latency, None when it was not answered 2xx."""
+    t0 = time.perf_counter()
+    status = await store.put(s, base, name)
+    return time.perf_counter() - t0 if 200 <= status < 300 else None
+
+
 async def _sequential(store: Store, base: str, n: int, prefix: str) -> dict[str, Any]:
-    lat, errors = [], 0
     async with _session(1) as s:
-        for i in range(n):
-            t0 = time.perf_counter()
-            status = await store.put(s, base, f"{prefix}-{i}")
-            if 200 <= status < 300:
-                lat.append(time.perf_counter() - t0)
-            else:
-                errors += 1
-    return {**summary(lat), "errors": errors}
+        times = [await _timed(store, s, base, f"{prefix}-{i}") for i in range(n)]
+    lat = [t for t in times if t is not None]
+    return {**summary(lat), "errors": len(times) - len(lat)}
 
 
 async def _saturate(store: Store, base: str, seconds: float, inflight: int, prefix: str) -> dict[str, Any]:
@@ -190,10 +191,9 @@ async def _saturate(store: Store, base: str, seconds: float, inflight: int, pref
     async def worker(s: aiohttp.ClientSession) -> None:
         nonlocal errors
         while time.monotonic() < deadline:
-            t0 = time.perf_counter()
-            status = await store.put(s, base, f"{prefix}-{next(counter)}")
-            if 200 <= status < 300:
-                lat.append(time.perf_counter() - t0)
+            dt = await _timed(store, s, base, f"{prefix}-{next(counter)}")
+            if dt is not None:
+                lat.append(dt)
             else:
                 errors += 1
 
@@ -536,7 +536,7 @@ def print_summary(doc: dict[str, Any]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a ~4 minute version (repeat 1, 3 kills, rates 100 and 1,000)")
+    p.add_argument("--quick", action="store_true", help="a ~5 minute version (repeat 1, 3 kills, rates 100 and 1,000)")
     p.add_argument("--repeat", type=int, default=2, help="write-measure repetitions, order swapped each time (default 2)")
     p.add_argument("--parts", default="writes,failover,lateness", help="comma list of writes, failover, lateness")
     p.add_argument("--seq", type=int, default=300, help="sequential PUTs per cluster (default 300)")

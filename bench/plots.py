@@ -32,6 +32,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _caption(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     return (f"{m['cpus']} CPUs, one run {m['started_at'][:16].replace('T', ' ')}, load 1m {m['load_at_start']['1m']}"
@@ -74,11 +81,7 @@ def lateness_cdf(doc: dict[str, Any], out: Path) -> Path | None:
                 ax.set_ylabel("share of the slots started")
     axes[0][0].legend(fontsize=8, loc="upper left")
     fig.suptitle("Start lateness, the same receiver and window\n" + _caption(doc), fontsize=9)
-    fig.tight_layout()
-    path = out / "lateness-cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "lateness-cdf.png")
 
 
 def writes(doc: dict[str, Any], out: Path) -> Path | None:
@@ -119,11 +122,7 @@ def writes(doc: dict[str, Any], out: Path) -> Path | None:
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.suptitle("Writes of a job document, the same client\n" + _caption(doc), fontsize=9)
-    fig.tight_layout()
-    path = out / "writes.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "writes.png")
 
 
 def failover(doc: dict[str, Any], out: Path) -> Path | None:
@@ -155,11 +154,7 @@ def failover(doc: dict[str, Any], out: Path) -> Path | None:
         ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("writes completed per 100 ms")
     fig.suptitle("Failover\n" + _caption(doc), fontsize=9)
-    fig.tight_layout()
-    path = out / "failover.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "failover.png")
 
 
 def render(doc: dict[str, Any], out: Path) -> list[Path]:
