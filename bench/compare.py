@@ -53,7 +53,20 @@ from tests.cluster.harness import ROOT
 from .api_writes import job_doc
 from .etcd_cluster import EtcdCluster, etcd_binary, put_body
 from .lateness import SinkFarm, analyse, run_rate
-from .rig import cpu_seconds, fresh_cluster, load, machine, median_of, pct, spawn, stop_process, summary, table
+from .rig import (
+    agents_cpu,
+    caught_up,
+    cpu_seconds,
+    fresh_cluster,
+    load,
+    machine,
+    median_of,
+    pct,
+    spawn,
+    stop_process,
+    summary,
+    table,
+)
 
 SYSTEMS = ("etcd", "raftcron")
 INFLIGHT = (1, 16, 64)
@@ -114,11 +127,10 @@ class RaftcronStore(Store):
         return self.cluster.leader(timeout=timeout, among=among)
 
     def caught_up(self, node: Any, timeout: float = 60.0) -> float:
-        from .rig import caught_up
         return caught_up(self.cluster, node, timeout)
 
     def cpu(self) -> dict[str, float | None]:
-        return {n.name: cpu_seconds(n.proc.pid) if n.alive() and n.proc else None for n in self.nodes}
+        return agents_cpu(self.cluster)
 
 
 class EtcdStore(Store):
@@ -158,7 +170,13 @@ def started(system: str, label: str, keep: bool) -> Iterator[Store]:
 
 
 def _cpu_total(before: dict[str, float | None], after: dict[str, float | None]) -> float:
-    return sum(after[k] - v for k, v in before.items() if v is not None and after.get(k) is not None)  # type: ignore[operator]
+    """CPU seconds the processes used between two samples (a process missing from either is left out)."""
+    total = 0.0
+    for k, v in before.items():
+        end = after.get(k)
+        if v is not None and end is not None:
+            total += end - v
+    return total
 
 
 def _session(limit: int) -> aiohttp.ClientSession:

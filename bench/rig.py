@@ -27,7 +27,7 @@ from tests.cluster.harness import ROOT, Cluster, Node, free_ports, http, wait_fo
 
 __all__ = ["RESULTS", "AGENT_FLAGS", "common_args", "fresh_cluster", "machine", "load", "pct", "summary",
            "median_of", "table", "write_results", "leader_of", "term_of", "caught_up", "ms", "spawn",
-           "stop_process", "free_port", "cpu_seconds", "CpuMeter"]
+           "stop_process", "free_port", "cpu_seconds", "agents_cpu", "CpuMeter"]
 
 RESULTS = ROOT / "bench" / "results"
 AGENT_FLAGS = ["--log-level", "warning"]
@@ -228,6 +228,11 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def agents_cpu(cluster: Cluster) -> dict[str, float | None]:
+    """CPU seconds each agent of the cluster has used so far (None for one not running)."""
+    return {n.name: cpu_seconds(n.proc.pid) if n.alive() and n.proc else None for n in cluster.nodes}
+
+
 class CpuMeter:
     """CPU seconds used by each of the cluster's agents (and this process) over a phase."""
 
@@ -237,7 +242,7 @@ class CpuMeter:
         self._start: dict[str, float | None] = {}
 
     def _sample(self) -> dict[str, float | None]:
-        out = {n.name: cpu_seconds(n.proc.pid) if n.alive() and n.proc else None for n in self.cluster.nodes}
+        out = agents_cpu(self.cluster)
         out["bench"] = cpu_seconds(os.getpid())
         return out
 
