@@ -34,7 +34,7 @@ from scheduler.executors.http import CONNECTIONS_PER_HOST
 from scheduler.executors.shell import ShellUser, resolve_shell_user
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.skew import ClusterTime, leader_lead_us, parse_max_skew
-from scheduler.state import State
+from scheduler.state import SNAPSHOT_VERSION, SNAPSHOT_VERSIONS, State
 
 from .app import create_app
 from .context import ApiContext, Tokens
@@ -68,6 +68,7 @@ class AgentConfig:
     max_clock_skew: float = 0.5
     http_connections_per_host: int = CONNECTIONS_PER_HOST
     metrics_max_jobs: int = MAX_JOB_SERIES
+    snapshot_format: int = SNAPSHOT_VERSION
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -102,6 +103,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"jobs with per-job series in /metrics on this node; the runs of further jobs are counted "
                         f"under job=\"_other\" (default {MAX_JOB_SERIES}) (RAFTCRON_METRICS_MAX_JOBS)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
+    p.add_argument("--snapshot-format", default=_env("SNAPSHOT_FORMAT", str(SNAPSHOT_VERSION)),
+                   help=f"state snapshot version this node writes: {SNAPSHOT_VERSION} (default), or 1 while a node of "
+                        f"a release that reads only 1 is still a member (a rolling upgrade); every version listed "
+                        f"is read (RAFTCRON_SNAPSHOT_FORMAT)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
@@ -148,7 +153,15 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         compaction_entries=args.compaction_entries, max_clock_skew=parse_max_skew(str(args.max_clock_skew)),
         min_free=args.min_free, http_connections_per_host=_count("--http-connections-per-host", args.http_connections_per_host),
         metrics_max_jobs=_count("--metrics-max-jobs", args.metrics_max_jobs),
+        snapshot_format=_snapshot_format(args.snapshot_format),
     )
+
+
+def _snapshot_format(value: object) -> int:
+    if str(value).strip() not in {str(v) for v in SNAPSHOT_VERSIONS}:
+        raise ValueError(f"--snapshot-format (RAFTCRON_SNAPSHOT_FORMAT): expected one of "
+                         f"{', '.join(str(v) for v in SNAPSHOT_VERSIONS)}, got {value!r}")
+    return int(str(value))
 
 
 def _count(flag: str, value: object) -> int:
@@ -173,7 +186,7 @@ class Agent:
         self.cfg = cfg
         self.advertise_http = advertise_http or cfg.http_addr
         self.clock = SystemClock()
-        self.state = State()
+        self.state = State(snapshot_version=cfg.snapshot_format)
         self.node: RaftNode | None = None
         self.runtime: SchedulerRuntime | None = None
         self._tasks: list[asyncio.Task[Any]] = []

@@ -1,4 +1,4 @@
-"""Agent flags that bound what one node holds open or keeps: checked, with the flag named."""
+"""Agent flags that bound what one node holds open or keeps, or what it writes: checked, with the flag named."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from api.agent import AgentConfig, add_agent_arguments, config_from_args
 from api.metrics import MAX_JOB_SERIES
 from scheduler.executors.http import CONNECTIONS_PER_HOST
+from scheduler.state import SNAPSHOT_VERSION
 
 SECRET = "0123456789abcdef" * 4
 
@@ -44,3 +45,16 @@ def test_bad_values_are_refused_naming_the_flag_and_its_variable(flag: str, valu
     with pytest.raises(ValueError, match=f"^{flag} \\({env}\\): expected a whole number, 0 or more, got '{value}'$"):
         config(flag, value)
 
+
+
+def test_the_snapshot_format_defaults_to_the_newest_and_takes_an_older_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config().snapshot_format == SNAPSHOT_VERSION == 2
+    assert config("--snapshot-format", "1").snapshot_format == 1
+    monkeypatch.setenv("RAFTCRON_SNAPSHOT_FORMAT", "1")
+    assert config().snapshot_format == 1
+
+
+@pytest.mark.parametrize("value", ["3", "0", "two", ""])
+def test_an_unknown_snapshot_format_is_refused_naming_the_flag(value: str) -> None:
+    with pytest.raises(ValueError, match=r"^--snapshot-format \(RAFTCRON_SNAPSHOT_FORMAT\): expected one of 1, 2, got "):
+        config("--snapshot-format", value)

@@ -404,7 +404,7 @@ def test_snapshot_of_another_version_is_refused_clearly() -> None:
     with pytest.raises(CodecError) as info:
         s.restore(newer)
     assert f"version {SNAPSHOT_VERSION + 1} is not understood" in str(info.value)
-    assert f"reads {SNAPSHOT_VERSION}" in str(info.value)
+    assert "this build reads 1, 2" in str(info.value)
     assert s.snapshot_bytes() == before  # a refused snapshot leaves the state alone
 
 
