@@ -216,7 +216,7 @@ a third less time per parse). Only a section that parsed without a problem is ke
 
 def _shared(f: Fields, key: str, parse: Callable[[Fields], _S]) -> _S:
     raw = f.data.get(key)
-    image = None if raw is None else _key(raw)
+    image = _key(raw)  # an absent section too: it parses to the default, shared like any other
     if image is None:
         return parse(f)
     hit = _SECTIONS.get((key, image))

@@ -85,7 +85,7 @@ def test_a_section_with_a_problem_is_not_kept_and_is_reported_each_time() -> Non
         with pytest.raises(ValidationFailed) as err:
             parse_job(job_doc("a", retries={"max": 1, "speed": 3}))
         assert any(d["field"] == "retries.speed" for d in err.value.details)
-    assert not model._SECTIONS
+    assert not [key for key, _ in model._SECTIONS if key == "retries"]
 
 
 def test_past_its_bound_the_cache_keeps_nothing_new_and_parses_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +94,39 @@ def test_past_its_bound_the_cache_keeps_nothing_new_and_parses_as_before(monkeyp
     assert [j.retries.max for j in jobs] == list(range(6))
     assert len(model._SECTIONS) == 3
 
+
+
+def test_jobs_that_leave_a_section_out_share_its_default_and_its_document() -> None:
+    # What most documents sent to the API look like. Once, each such job parsed and stored a
+    # section and a document of its own on the node that took the request (~130 MB more there
+    # than on the other nodes for 100,000 jobs); the others parse the stored document, which
+    # writes every section out.
+    a, b = parse_job(job_doc("a")), parse_job(job_doc("b"))
+    da, db = a.to_doc(), b.to_doc()
+    for key in SECTIONS:
+        assert getattr(a, key) is getattr(b, key), key
+        assert da[key] is db[key], key
+    model._SECTIONS.clear()
+    model._SECTION_DOCS.clear()
+    assert parse_job(job_doc("b")) == b and parse_job(job_doc("b")).to_doc() == db
+    assert parse_job(job_doc("c", retries=None)).retries is parse_job(job_doc("d")).retries
+
+
+def test_stored_labels_and_executor_sections_are_shared_by_jobs_that_write_equal_ones() -> None:
+    one = {"url": "https://hooks.test/run", "headers": {"X-Team": "a"}}
+    a = parse_job(job_doc("a", http=one, labels={"team": "a"})).to_doc()
+    b = parse_job(job_doc("b", http=dict(one), labels={"team": "a"})).to_doc()
+    c = parse_job(job_doc("c", http={**one, "method": "PUT"}, labels={"team": "b"})).to_doc()
+    assert a["http"] is b["http"] and a["labels"] is b["labels"]
+    assert c["http"] is not a["http"] and c["http"]["method"] == "PUT" and c["labels"] == {"team": "b"}
+    assert a["http"] == {"url": "https://hooks.test/run", "method": "POST", "headers": {"X-Team": "a"}, "body": None,
+                         "expect_status": [], "expect_body": None}
+
+
+def test_past_its_bound_the_document_cache_starts_again_and_documents_stay_equal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model, "_DOCS_MAX", 4)
+    monkeypatch.setattr(model, "_DOCS", {})
+    docs = [parse_job(job_doc(f"j{i}", labels={"n": str(i % 6)})).to_doc() for i in range(12)]
+    assert len(model._DOCS) <= 4
+    assert [d["labels"] for d in docs] == [{"n": str(i % 6)} for i in range(12)]
