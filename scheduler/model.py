@@ -167,7 +167,8 @@ def parse_job(doc: object, *, name: str | None = None) -> Job:
         raise ValidationFailed(problems.items)
     job_name = _parse_name(f, name)
     description = f.string("description", "", max_len=2048) or ""
-    labels = f.string_map("labels", check_key=check_label_key, check_value=check_label_value)
+    labels = _interned(dict(sorted(f.string_map("labels", check_key=check_label_key,
+                                                 check_value=check_label_value).items())))
     schedule = _parse_schedule(f, has_dependency=f.has("depends_on"))
     timezone = f.checked("timezone", check_timezone) or "UTC"
     paused = f.boolean("paused", False)
@@ -214,17 +215,31 @@ a third less time per parse). Only a section that parsed without a problem is ke
 ``_SECTIONS_MAX`` of them, after which new ones are parsed each time."""
 
 
-def _shared(f: Fields, key: str, parse: Callable[[Fields], _S]) -> _S:
+_RECURRING: dict[tuple[str, bytes], Any] = {}
+"""Parsed executor sections (``http``, ``shell``) by their document, as ``_SECTIONS`` but
+emptied when ``_DOCS_MAX`` are kept: jobs made from one template share one (one endpoint, one
+command), while a run of distinct ones (one URL per job) neither grows it without bound nor
+fills ``_SECTIONS`` so that the common sections stop being shared."""
+
+
+def _shared(f: Fields, key: str, parse: Callable[[Fields], _S], *, recurring: bool = False) -> _S:
     raw = f.data.get(key)
     image = _key(raw)  # an absent section too: it parses to the default, shared like any other
     if image is None:
         return parse(f)
-    hit = _SECTIONS.get((key, image))
+    table = _RECURRING if recurring else _SECTIONS
+    hit = table.get((key, image))
     if hit is not None:
         return cast(_S, hit)
     before = len(f.problems.items)
     value = parse(f)
-    if len(f.problems.items) == before and len(_SECTIONS) < _SECTIONS_MAX:
+    if len(f.problems.items) != before:
+        return value
+    if recurring:
+        if len(_RECURRING) >= _DOCS_MAX:
+            _RECURRING.clear()
+        _RECURRING[(key, image)] = value
+    elif len(_SECTIONS) < _SECTIONS_MAX:
         _SECTIONS[(key, image)] = value
         _SECTION_DOCS[id(value)] = (value, value.to_doc())  # type: ignore[attr-defined]
     return value
@@ -290,8 +305,10 @@ def _parse_executor(f: Fields) -> tuple[ExecutorKind, HttpSpec | None, ShellSpec
         elif executor is kind and not f.has(kind.value):
             f.missing(kind.value, f"is required when executor is {kind.value}")
     # With no valid executor both sections are still checked, to report all we can.
-    http = parse_http(f) if executor in (ExecutorKind.HTTP, None) else None
-    shell = parse_shell(f) if executor in (ExecutorKind.SHELL, None) else None
+    http = (_shared(f, "http", parse_http, recurring=True) if executor is ExecutorKind.HTTP
+            else parse_http(f) if executor is None else None)
+    shell = (_shared(f, "shell", parse_shell, recurring=True) if executor is ExecutorKind.SHELL
+             else parse_shell(f) if executor is None else None)
     return executor or ExecutorKind.HTTP, http, shell
 
 

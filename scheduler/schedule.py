@@ -241,7 +241,14 @@ def parse_schedule(expr: str) -> Schedule:
     if not isinstance(expr, str):
         raise ValueError("a schedule must be a string")  # noqa: TRY004
     parsed = _parse(expr)
-    return Schedule(expr=parsed.canonical, kind=parsed.kind)
+    return _schedule(parsed.canonical, parsed.kind)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule(canonical: str, kind: ScheduleKind) -> Schedule:
+    """One ``Schedule`` per canonical text, shared by every job that has it (it is frozen, and
+    what it finds is shared per text already): 100,000 jobs of a few schedules hold a few."""
+    return Schedule(expr=canonical, kind=kind)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -19,14 +19,14 @@ SECTIONS = {"retries": {"max": 2, "backoff": "5s"}, "catchup": {"policy": "all",
 
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Any:
-    saved, docs = dict(model._SECTIONS), dict(model._SECTION_DOCS)
-    model._SECTIONS.clear()
-    model._SECTION_DOCS.clear()
+    tables = (model._SECTIONS, model._SECTION_DOCS, model._RECURRING, model._DOCS)
+    saved = [dict(t) for t in tables]
+    for t in tables:
+        t.clear()
     yield
-    model._SECTIONS.clear()
-    model._SECTIONS.update(saved)
-    model._SECTION_DOCS.clear()
-    model._SECTION_DOCS.update(docs)
+    for t, kept in zip(tables, saved, strict=True):
+        t.clear()
+        t.update(kept)  # type: ignore[attr-defined]
 
 
 def test_jobs_writing_the_same_sections_share_them_and_equal_a_fresh_parse() -> None:
@@ -130,3 +130,35 @@ def test_past_its_bound_the_document_cache_starts_again_and_documents_stay_equal
     docs = [parse_job(job_doc(f"j{i}", labels={"n": str(i % 6)})).to_doc() for i in range(12)]
     assert len(model._DOCS) <= 4
     assert [d["labels"] for d in docs] == [{"n": str(i % 6)} for i in range(12)]
+
+
+def test_jobs_of_one_template_share_their_parsed_executor_section_labels_and_schedule() -> None:
+    one = {"url": "https://hooks.test/run", "headers": {"X-Team": "a"}}
+    a = parse_job(job_doc("a", http=one, labels={"team": "a", "app": "x"}, schedule="5 * * * *"))
+    b = parse_job(job_doc("b", http=dict(one), labels={"app": "x", "team": "a"}, schedule="5  *  * * *"))
+    assert a.http is b.http and a.labels is b.labels and a.schedule is b.schedule
+    assert list(a.labels) == ["app", "team"]  # kept sorted, as the stored document writes them
+    c = parse_job(job_doc("c", http={**one, "url": "https://hooks.test/other"}, labels={"team": "b"}))
+    assert c.http is not a.http and c.http is not None and c.http.url == "https://hooks.test/other"
+    assert c.labels == {"team": "b"} and c.schedule is not a.schedule
+    s1 = parse_job(job_doc("s1", executor="shell", http=None, shell={"command": ["/bin/true"]}))
+    s2 = parse_job(job_doc("s2", executor="shell", http=None, shell={"command": ["/bin/true"]}))
+    assert s1.shell is s2.shell and s1.shell is not None
+    model._RECURRING.clear()
+    model._DOCS.clear()
+    assert parse_job(job_doc("b", http=dict(one), labels={"app": "x", "team": "a"}, schedule="5 * * * *")) == b
+
+
+def test_an_executor_section_with_a_problem_is_not_kept_and_is_reported_each_time() -> None:
+    for _ in range(2):
+        with pytest.raises(ValidationFailed) as err:
+            parse_job(job_doc("a", http={"url": "https://hooks.test/", "method": "FETCH"}))
+        assert any(d["field"] == "http.method" for d in err.value.details)
+    assert not model._RECURRING
+
+
+def test_past_its_bound_the_executor_cache_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model, "_DOCS_MAX", 4)
+    jobs = [parse_job(job_doc(f"j{i}", http={"url": f"https://hooks.test/{i % 6}"})) for i in range(12)]
+    assert len(model._RECURRING) <= 4
+    assert [j.http.url if j.http else None for j in jobs] == [f"https://hooks.test/{i % 6}" for i in range(12)]
