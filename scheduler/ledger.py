@@ -236,7 +236,7 @@ def _record(state: Store, run: RunRecord, c: Claim) -> None:
         rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
     elif run["status"] == "missed":
         rec = {**rec, "missed_total": rec["missed_total"] + 1}  # summaries add their count
-    state.jobs[job] = rec
+    state.put_record(job, rec)
     trim(state, job)
 
 
@@ -351,7 +351,7 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     rec = alerts.on_finished(state, new, {**rec, "consecutive_failures": failures}, at_us)
     if new["status"] == "dead":
         alerts.on_dead(state, new, at_us)
-    state.jobs[run["job"]] = rec
+    state.put_record(run["job"], rec)
     trim(state, run["job"])  # an attempt that ended no longer holds history open
     return new
 
@@ -399,7 +399,7 @@ def _final_loss(state: Store, run: RunRecord, at_us: int) -> None:
     if rec is None:
         return
     rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
-    state.jobs[run["job"]] = alerts.on_finished(state, run, rec, at_us)
+    state.put_record(run["job"], alerts.on_finished(state, run, rec, at_us))
     if run["status"] == "dead":
         alerts.on_dead(state, run, at_us)
     _trigger_dependents(state, run)

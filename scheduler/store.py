@@ -54,6 +54,7 @@ class Store:
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
         self._names: list[str] | None = None  # every job name, sorted; derived likewise
         self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
+        self._failing: dict[str, None] | None = None  # jobs whose consecutive_failures > 0; likewise
         self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
 
     def job(self, name: str) -> Job | None:
@@ -122,8 +123,29 @@ class Store:
             else:
                 self._aged.pop(job.name, None)
 
+    def failing_jobs(self) -> dict[str, None]:
+        """Jobs whose last slot failed (``consecutive_failures`` above 0), in no set order: built
+        once from every record (after a restore), then kept in step by ``put_record`` and
+        ``job_deleted``. Counting them walked every job on each first page of the job list
+        (9 ms at 100,000 jobs, ~90 at 1,000,000); readers on another thread copy it."""
+        if self._failing is None:
+            self._failing = {name: None for name, rec in copied(self.jobs).items() if rec["consecutive_failures"]}
+        return self._failing
+
+    def put_record(self, name: str, rec: dict[str, Any]) -> None:
+        """Store a job's record that may change ``consecutive_failures`` (the ledger's writes)."""
+        self.jobs[name] = rec
+        failing = self._failing
+        if failing is not None:
+            if rec["consecutive_failures"]:
+                failing[name] = None
+            else:
+                failing.pop(name, None)
+
     def job_deleted(self, name: str) -> None:
         self._dependents = None
+        if self._failing is not None:
+            self._failing.pop(name, None)
         names = self._names
         if names is not None:
             i = bisect.bisect_left(names, name)

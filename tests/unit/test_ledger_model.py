@@ -476,6 +476,11 @@ class LedgerModel(RuleBasedStateMachine):
             assert run is None or run["status"] not in ("claimed", "running"), run
 
     @invariant()
+    def the_failing_index_is_the_jobs_whose_last_slot_failed(self) -> None:
+        # Checked after every step: built at the first check, then only kept in step.
+        assert set(self.state.failing_jobs()) == {n for n, r in self.state.jobs.items() if r["consecutive_failures"]}
+
+    @invariant()
     def nothing_stopped_that_the_ledger_still_gives_its_node(self) -> None:
         for rid in self.stopped - self.ended:
             run = self.state.runs.get(rid)

@@ -10,7 +10,7 @@ import random
 from api.routes.jobs import _names_after
 from scheduler.commands import DeleteJob, PutJobs
 from scheduler.state import State
-from tests.unit.conftest import Harness, job_doc, slot
+from tests.unit.conftest import SEC, Harness, job_doc, slot
 
 
 def test_the_index_follows_every_put_and_delete_as_a_sort_would(h: Harness) -> None:
@@ -81,3 +81,24 @@ def test_an_edit_that_adds_or_drops_a_dependency_is_seen_by_the_index(h: Harness
     h.put("side", at_us=slot(2), schedule=None, depends_on={"job": "up", "on": "any"})
     h.put("plain", at_us=slot(3))  # no dependency before or after: the index is kept
     assert h.state.dependents_of("up") == ["side"]
+
+
+def test_the_failing_index_follows_failures_successes_deletes_and_restores(h: Harness) -> None:
+    h.put("a")
+    h.put("b")
+    assert h.state.failing_jobs() == {}
+    for n, (job, status) in enumerate([("a", "failed"), ("b", "succeeded"), ("b", "failed"), ("a", "succeeded")],
+                                      start=1):
+        run = h.claim_one(job, slot(n))
+        h.start("n1", run["id"], at_us=slot(n))
+        h.finish("n1", run["id"], status, slot(n) + SEC)
+        expected = {name for name, rec in h.state.jobs.items() if rec["consecutive_failures"]}
+        assert set(h.state.failing_jobs()) == expected, (n, job, status)
+    assert set(h.state.failing_jobs()) == {"b"}
+    restored = State()
+    restored.restore(h.state.snapshot_bytes())
+    assert set(restored.failing_jobs()) == {"b"}
+    h.ok(DeleteJob(at_us=slot(9), name="b"))
+    assert h.state.failing_jobs() == {}
+    h.put("b", at_us=slot(10))  # made again: a new job, no failures
+    assert h.state.failing_jobs() == {}
