@@ -52,9 +52,11 @@ class Store:
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
-        self._names: list[str] | None = None  # every job name, sorted; derived likewise
-        self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
-        self._failing: dict[str, None] | None = None  # jobs whose consecutive_failures > 0; likewise
+        # Derived likewise, and exact for an empty store, so kept in step from the first job; a
+        # restore builds them again (None: built at the first read).
+        self._names: list[str] | None = []  # every job name, sorted
+        self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it
+        self._failing: dict[str, None] | None = {}  # jobs whose consecutive_failures > 0
         self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
 
     def job(self, name: str) -> Job | None:
