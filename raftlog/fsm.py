@@ -8,7 +8,9 @@ a leader installs a snapshot.
 A state machine may also have an ``entry_weight`` attribute: how many entries the one
 it just applied counts as toward the next snapshot (``NodeConfig.compaction_entries``),
 1 when absent. A restart replays what came after the last snapshot, so an entry that
-carries a thousand records should count as a thousand.
+carries a thousand records should count as a thousand. And it may have a ``records()``
+method: how many records it holds; the host then also waits for that many times
+``NodeConfig.compaction_share`` before a snapshot, since each one packs the whole state.
 """
 
 from __future__ import annotations

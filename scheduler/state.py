@@ -411,6 +411,10 @@ class State(Store):
 
     # ---- snapshot --------------------------------------------------------------
 
+    def records(self) -> int:
+        """What a snapshot packs, counted: jobs and run records (``raftlog.fsm``)."""
+        return len(self.jobs) + len(self.runs)
+
     def snapshot(self) -> Iterator[bytes]:
         """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
         sections: list[tuple[str, list[Any]]] = [
