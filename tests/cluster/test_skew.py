@@ -180,6 +180,7 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
     WINDOW slots and judge what the receiver got."""
     c.wait_registered(timeout=30)
     leader = c.leader(timeout=30)
+    setup_term = _term(c)
     skewed = None
     if role == "leader":
         skewed = leader
@@ -194,7 +195,10 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
     try:
         wait_for("every job delivered once (the cluster settled with its jobs)", lambda: all(sink.of(j) for j in JOBS), 20)
     except AssertionError as exc:
-        raise AssertionError(f"{case}: {exc} (agents' logs in {c.nodes[0].log_path.parent})") from None
+        message = f"{case}: {exc} (agents' logs in {c.nodes[0].log_path.parent})"
+        if _term(c) != setup_term:
+            raise _ElectionInSetup(message) from None
+        raise AssertionError(message) from None
     # The term before the window's first slot is known: read after it, a stall of the machine that
     # ends in an election just before the window would be missed (the read waits out the election
     # and returns the new term), and the run would not be set aside as one with an election.
@@ -214,6 +218,13 @@ def _run_case(case: str, c: Cluster, sink: Sink, role: str | None, offset: float
     return _judge(case, c, sink, first, last, roles, skewed, _term(c) - term)
 
 
+class _ElectionInSetup(AssertionError):
+    """The jobs did not all fire before the window, and an election came after the clock was
+    set: seen once in CI (the node given +30 s started an election at the jump and won it; the
+    jobs made through it then had no slot within the wait). Set aside like a run with an
+    election in the window; on the last run it fails the test."""
+
+
 def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: float,
              violations: Callable[[Figures], list[str]]) -> Figures:
     """The case's figures from its last run (see RUNS), each run on a fresh cluster and receiver."""
@@ -223,6 +234,12 @@ def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: floa
         try:
             c.start()
             figures = _run_case(case, c, sink, role, offset)
+        except _ElectionInSetup as exc:
+            if run == RUNS:
+                raise
+            REPORT.append(f"(set aside: an election before the window) {exc}")
+            print(REPORT[-1])
+            continue
         finally:
             c.stop()
             sink.close()
