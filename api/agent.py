@@ -104,9 +104,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                         f"under job=\"_other\" (default {MAX_JOB_SERIES}) (RAFTCRON_METRICS_MAX_JOBS)")
     p.add_argument("--compaction-entries", type=int, default=int(_env("COMPACTION_ENTRIES", "20000")), help="snapshot after this many journal entries (RAFTCRON_COMPACTION_ENTRIES)")
     p.add_argument("--snapshot-format", default=_env("SNAPSHOT_FORMAT", str(SNAPSHOT_VERSION)),
-                   help=f"state snapshot version this node writes: {SNAPSHOT_VERSION} (default), or 1 while a node of "
-                        f"a release that reads only 1 is still a member (a rolling upgrade); every version listed "
-                        f"is read (RAFTCRON_SNAPSHOT_FORMAT)")
+                   help=f"state snapshot version this node writes: {SNAPSHOT_VERSION} (default), or an earlier one "
+                        f"({', '.join(str(v) for v in SNAPSHOT_VERSIONS[:-1])}) while a node of a release that reads "
+                        f"only up to it is still a member (a rolling upgrade); every version listed is read "
+                        f"(RAFTCRON_SNAPSHOT_FORMAT)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")

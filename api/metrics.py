@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import logging
 from bisect import bisect_left
-from collections import Counter as Tally
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import accumulate
@@ -359,7 +358,7 @@ class _ScrapeCollector:
         yield _gauge("has_quorum", "1 while this node sees a majority", 1 if st.has_quorum else 0)
         yield _clock_offsets(st, m.state)
         state = m.state
-        by_status = Tally(r["status"] for r in copied(state.runs).values())
+        by_status = state.runs.status_counts()
         ledger = GaugeMetricFamily(PREFIX + "ledger_runs", "Runs held in the ledger now, by status",
                                    labels=("status",))
         for status in RUN_STATUSES:

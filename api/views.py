@@ -105,10 +105,10 @@ def _decision(run: RunRecord) -> tuple[str, str]:
 
 def explain_view(state: State, name: str, since_us: int | None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
-    for rid in list(state.job_runs.get(name) or []):
-        run = state.runs.get(rid)
-        if run is None or (since_us is not None and run["slot_us"] < since_us):
+    for run in state.runs.records_of(name):
+        if since_us is not None and run["slot_us"] < since_us:
             continue
+        rid = run["id"]
         decision, reason = _decision(run)
         items.append({"slot": iso(run["slot_us"]), "decision": decision, "status": run["status"], "reason": reason,
                       "run_id": rid, "term": run["term"], "leader": run["leader"], "at": iso(run["claimed_us"]),

@@ -41,6 +41,7 @@ from .commands import (
 )
 from .planner import stored_next_slot, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
+from .runtable import run_id_of
 from .sections import Delivery, DependsOnCondition
 from .store import Store
 
@@ -59,10 +60,6 @@ LOSS_ATTEMPTS = 5
 
 def token_of(index: int, position: int) -> int:
     return index * MAX_CLAIMS_PER_ENTRY + position
-
-
-def run_id_of(token: int) -> str:
-    return f"r{token:x}"
 
 
 # ---- claims ----------------------------------------------------------------
@@ -216,8 +213,7 @@ def _cause_of(c: Claim) -> str | None:
 
 def _record(state: Store, run: RunRecord, c: Claim) -> None:
     rid, job = run["id"], run["job"]
-    state.runs[rid] = run
-    state.job_runs.setdefault(job, []).append(rid)
+    state.runs[rid] = run  # listed under its job, in token order
     rec = state.jobs[job]
     if c.trigger in SCHEDULED:
         # max: a fan-out listed out of order ([s1, s2, s1]) must not move the job back to s1.
@@ -456,9 +452,8 @@ def withdraw_claims(state: Store, job: str, at_us: int, reason: str) -> list[str
 
 
 def drop_history(state: Store, job: str) -> int:
-    ids = state.job_runs.pop(job, [])
+    ids = state.runs.drop_job(job)
     for rid in ids:
-        state.runs.pop(rid, None)
         state.active.pop(rid, None)
         state.dead.pop(rid, None)
     return len(ids)
@@ -473,20 +468,15 @@ def expire_history(state: Store, job_name: str, cutoff_us: int) -> int:
     ids = state.job_runs.get(job_name)
     if not ids:
         return 0
-    kept: list[str] = []
     dropped = 0
-    for i, rid in enumerate(ids):
-        run = state.runs.get(rid)
+    for rid in ids:
         if rid in state.active or rid in state.dead:
-            kept.append(rid)
             continue
+        run = state.runs.get(rid)
         if run is not None and _ended_us(run) >= cutoff_us:
-            kept.extend(ids[i:])
             break
-        state.runs.pop(rid, None)
+        state.runs.discard(rid)
         dropped += 1
-    if dropped:
-        state.job_runs[job_name] = kept
     return dropped
 
 
@@ -504,20 +494,13 @@ def trim(state: Store, job_name: str) -> None:
     excess = len(ids) - keep
     if excess <= 0:
         return
-    # The common case: the oldest runs are over and go first (no scan of the whole history).
-    while excess > 0 and ids[0] not in state.active and ids[0] not in state.dead:
-        state.runs.pop(ids.pop(0), None)
-        excess -= 1
-    if excess <= 0:
-        return
-    kept = []
+    # Oldest first; live attempts and dead letters are passed over.
     for rid in ids:
-        if excess > 0 and rid not in state.active and rid not in state.dead:
-            state.runs.pop(rid, None)
+        if excess <= 0:
+            return
+        if rid not in state.active and rid not in state.dead:
+            state.runs.discard(rid)
             excess -= 1
-        else:
-            kept.append(rid)
-    state.job_runs[job_name] = kept
 
 
 def _cap(text: str) -> str:

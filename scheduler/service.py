@@ -275,7 +275,7 @@ class Service:
         return str(runs[0]["id"])
 
     def _job_runs(self, name: str) -> list[RunRecord]:
-        return [r for rid in list(self.state.job_runs.get(name, ())) if (r := self.state.runs.get(rid))]
+        return self.state.runs.records_of(name)
 
     async def cancel(self, run_id: str) -> RunRecord:
         result, retried = await self.propose(CancelRun(at_us=self.cluster_now_us(), run_id=run_id))

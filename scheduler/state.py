@@ -49,18 +49,23 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
+from .runtable import Slices
 from .store import Store
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS"]
 
 log = logging.getLogger("raftcron.state")
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 """What this build writes. 2: a job document's sections (the map values of the document:
 ``http``, ``labels``, ``retries``, ...) are each written once per snapshot and referenced by
-every job that holds an equal one, and a restore shares them again (``_SharedSections``)."""
-SNAPSHOT_VERSIONS = (1, 2)
-"""What this build restores; ``State(snapshot_version=1)`` writes what a release before 2 reads
-(``raftcron agent --snapshot-format 1``, for a rolling upgrade from such a release)."""
+every job that holds an equal one, and a restore shares them again (``_SharedSections``).
+3: run records as the run table keeps them (``scheduler.runtable``: a record that is over as
+its packed bytes, which a restore keeps as they are), each as ``(job, token, value)``, and no
+``job_runs`` section (the table lists each job's runs itself)."""
+SNAPSHOT_VERSIONS = (1, 2, 3)
+"""What this build restores; ``State(snapshot_version=N)`` writes what a release that reads
+only N and before reads (``raftcron agent --snapshot-format N``, for a rolling upgrade from
+such a release)."""
 _REF = 1  # msgpack ext code, snapshot version 2: a reference into the snapshot's table of sections
 _REF_MAX_IMAGE = 4096  # a section packing larger than this is written in place, never tabled
 HISTORY_SWEEP_US = 60_000_000
@@ -229,7 +234,7 @@ class State(Store):
                 "last_slot_us": None, "consecutive_failures": 0, "missed_total": 0, "pause_note": None,
                 "spec_since_us": at_us,
             }
-            self.job_runs[job.name] = []
+            self.runs.add_job(job.name)
             change = "created"
         else:
             rec = {**old, "spec": spec, "version": old["version"] + 1, "updated_us": at_us}
@@ -417,13 +422,13 @@ class State(Store):
 
     def snapshot(self) -> Iterator[bytes]:
         """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
-        sections: list[tuple[str, list[Any]]] = [
+        runs = self.runs.capture()
+        sections: list[tuple[str, Slices]] = [
             ("meta", [{"v": self.snapshot_version, "applied_index": self.applied_index, "last_noop": self.last_noop,
                        "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
             ("jobs", list(self.jobs.items())),
             ("nodes", list(self.nodes.items())),
-            ("runs", list(self.runs.items())),
-            ("job_runs", [(k, list(v)) for k, v in self.job_runs.items()]),
+            *([("runs", runs.packed())] if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
             ("active", list(self.active)),
             ("dead", list(self.dead)),
             ("pending_deps", list(self.pending_deps.items())),
@@ -461,7 +466,7 @@ class State(Store):
         fresh.history_sweep_us = int(meta.get("history_sweep_us", 0))  # absent from older snapshots
         sets: dict[str, dict[str, None]] = {"active": fresh.active, "dead": fresh.dead}
         maps: dict[str, dict[str, Any]] = {
-            "jobs": fresh.jobs, "nodes": fresh.nodes, "runs": fresh.runs,
+            "jobs": fresh.jobs, "nodes": fresh.nodes,
             "pending_deps": fresh.pending_deps, "alerts": fresh.alerts,
             "clocks": fresh.clocks,  # absent from snapshots older than the section
         }
@@ -475,8 +480,22 @@ class State(Store):
                 table.extend(items)  # before the first chunk that refers to them
             elif name in maps:
                 maps[name].update(items)
+                if name == "jobs":
+                    for job, _ in items:  # the table lists jobs in the order they were created
+                        fresh.runs.add_job(job)
+            elif name == "runs":
+                try:
+                    if version >= 3:
+                        fresh.runs.load_packed(items)
+                    else:
+                        fresh.runs.load(items)
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
             elif name == "job_runs":
-                fresh.job_runs.update((k, list(v)) for k, v in items)
+                for job, ids in items:  # derived from the runs: checked, not loaded
+                    fresh.runs.add_job(job)
+                    if list(ids) != fresh.runs.ids_of(job):
+                        raise CodecError(f"state snapshot lists runs of job {job!r} its records do not hold")
             elif name == "notes":
                 fresh.notes.update((k, list(v)) for k, v in items)
             elif name in sets:
@@ -536,7 +555,7 @@ def _shown(v: Any) -> str:
     return "none" if v is None else repr(v) if isinstance(v, str) else str(v)
 
 
-def _pack_sections(sections: list[tuple[str, list[Any]]], shared: _SharedSections | None) -> Iterator[bytes]:
+def _pack_sections(sections: list[tuple[str, Slices]], shared: _SharedSections | None) -> Iterator[bytes]:
     for name, items in sections:
         for start in range(0, max(len(items), 1), _CHUNK):
             chunk = items[start : start + _CHUNK]

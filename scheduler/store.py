@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from .duration import parse_duration
 from .model import Job, parse_job
 from .runs import RunRecord
+from .runtable import JobRuns, RunTable
 
 __all__ = ["Store"]
 
@@ -39,8 +40,7 @@ class Store:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
-        self.runs: dict[str, RunRecord] = {}
-        self.job_runs: dict[str, list[str]] = {}
+        self.runs = RunTable()  # run id -> record; per job, packed once over (scheduler.runtable)
         self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
         self.dead: dict[str, None] = {}
         self.pending_deps: dict[str, dict[str, Any]] = {}
@@ -58,6 +58,11 @@ class Store:
         self._names: list[str] = []  # every job name, sorted
         self._failing: dict[str, None] = {}  # jobs whose consecutive_failures > 0
         self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
+
+    @property
+    def job_runs(self) -> JobRuns:
+        """Job -> its run ids in claim order (read from ``runs``, which keeps them)."""
+        return JobRuns(self.runs)
 
     def job(self, name: str) -> Job | None:
         """The parsed job; parsing is pure, so the cache is the same on every replica."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -130,14 +130,15 @@ def cursor_int(args: dict[str, Any]) -> int | None:
     return int(raw)
 
 
-def runs_page(ctx: ApiContext, ids: list[str], args: dict[str, Any],
+def runs_page(ctx: ApiContext, ids: Callable[[int | None], Iterable[str]], args: dict[str, Any],
               keep: Callable[[RunRecord], bool] = lambda run: True) -> dict[str, Any]:
-    """Newest first: ``ids`` are in ledger order (token order); the cursor is a token."""
+    """Newest first: ``ids(cursor)`` gives run ids newest first (token order, descending), from
+    below the cursor where it can; the cursor is a token."""
     after = cursor_int(args)
     limit = args.get("limit") or DEFAULT_LIMIT
     status = args.get("status")
     items: list[RunRecord] = []
-    for rid in reversed(ids):
+    for rid in ids(after):
         run = ctx.state.runs.get(rid)
         if run is None or (after is not None and run["token"] >= after):
             continue

@@ -258,7 +258,8 @@ async def _resume_job(request: web.Request, args: dict[str, Any]) -> web.Respons
 async def _job_runs(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
     require_job(ctx, args["name"])
-    return ok(runs_page(ctx, list(ctx.state.job_runs.get(args["name"]) or []), args))
+    ids = ctx.state.job_runs.get(args["name"]) or []
+    return ok(runs_page(ctx, lambda after: reversed(ids), args))
 
 
 async def _explain(request: web.Request, args: dict[str, Any]) -> web.Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +26,11 @@ async def _list_runs(request: web.Request, args: dict[str, Any]) -> web.Response
     since = us(args["since"]) if args.get("since") else None
     until = us(args["until"]) if args.get("until") else None
     node = args.get("node")
-    ids = list(ctx.state.job_runs.get(args["job"]) or []) if args.get("job") else list(ctx.state.runs)
+    listed = (ctx.state.job_runs.get(args["job"]) or []) if args.get("job") else None
+
+    def ids(after: int | None) -> Iterator[str]:
+        # Every run: from below the cursor (the token index), not walked from the newest.
+        return ctx.state.runs.newest(after) if listed is None else reversed(listed)
     return ok(runs_page(ctx, ids, args, lambda run: (since is None or run["slot_us"] >= since)
                         and (until is None or run["slot_us"] <= until) and (node is None or run["node"] == node)))
 
@@ -50,7 +55,8 @@ async def _cancel(request: web.Request, args: dict[str, Any]) -> web.Response:
 async def _dead(request: web.Request, args: dict[str, Any]) -> web.Response:
     ctx = ctx_of(request)
     job = args.get("job")
-    return ok(runs_page(ctx, list(ctx.state.dead), args, lambda run: not job or run["job"] == job))
+    dead = list(ctx.state.dead)
+    return ok(runs_page(ctx, lambda after: reversed(dead), args, lambda run: not job or run["job"] == job))
 
 
 async def _replay(request: web.Request, args: dict[str, Any]) -> web.Response:

@@ -1,5 +1,6 @@
-"""Snapshot version 2 (job document sections written once and shared again on restore), the
-version-1 snapshots of earlier releases, and restore-then-apply against a replay of the log."""
+"""Snapshot version 2 (job document sections written once and shared again on restore), version
+3 (run records as the run table packs them), the snapshots of earlier releases, and
+restore-then-apply against a replay of the log."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from tests.unit.test_state import _busy_log, vars_of
 V1_FIXTURE = Path(__file__).parent / "data" / "state-snapshot-v1.bin"
 """Written by the release before version 2 (commit 2b494c7) from ``upgrade_log()``, by
 ``python tests/unit/data/make_v1_snapshot.py`` run in a checkout of that commit."""
+V2_FIXTURE = Path(__file__).parent / "data" / "state-snapshot-v2.bin"
+"""Written likewise by the release before version 3 (commit a2dc95a), whose default was 2:
+``python tests/unit/data/make_v1_snapshot.py tests/unit/data/state-snapshot-v2.bin``."""
 
 
 def templated(n: int, first: int = 0) -> tuple[dict[str, Any], ...]:
@@ -50,9 +54,10 @@ def fed(log: list[Command | bytes], version: int = SNAPSHOT_VERSION, start: int 
     return s
 
 
-def test_a_snapshot_of_an_earlier_release_restores_to_the_state_this_release_builds() -> None:
-    old = V1_FIXTURE.read_bytes()
-    assert _iter_chunks(old)[0][1][0]["v"] == 1
+@pytest.mark.parametrize("fixture", [V1_FIXTURE, V2_FIXTURE], ids=["version 1", "version 2"])
+def test_a_snapshot_of_an_earlier_release_restores_to_the_state_this_release_builds(fixture: Path) -> None:
+    old = fixture.read_bytes()
+    assert _iter_chunks(old)[0][1][0]["v"] == (1 if fixture == V1_FIXTURE else 2)
     restored = State()
     restored.restore(old)
     built = fed(upgrade_log())
@@ -71,7 +76,11 @@ def test_version_1_is_still_written_byte_for_byte_as_the_earlier_release_wrote_i
     assert fed(upgrade_log(), version=1).snapshot_bytes() == V1_FIXTURE.read_bytes()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+def test_version_2_is_still_written_byte_for_byte_as_the_earlier_release_wrote_it() -> None:
+    assert fed(upgrade_log(), version=2).snapshot_bytes() == V2_FIXTURE.read_bytes()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_restore_then_the_rest_of_the_log_equals_a_replay_of_the_whole_log(version: int) -> None:
     log = upgrade_log()
     whole = fed(log, version)
@@ -86,13 +95,13 @@ def test_restore_then_the_rest_of_the_log_equals_a_replay_of_the_whole_log(versi
 
 
 def test_version_2_writes_each_section_once_and_a_restore_shares_it_again() -> None:
-    s = fed([PutJobs(at_us=T0, specs=templated(1000))])
+    s = fed([PutJobs(at_us=T0, specs=templated(1000))], version=2)
     v2 = s.snapshot_bytes()
     s.snapshot_version = 1
     v1 = s.snapshot_bytes()
     assert len(v2) < 0.75 * len(v1), (len(v2), len(v1))
     for data in (v1, v2):
-        back = State()
+        back = State(snapshot_version=2)
         back.restore(data)
         assert back.jobs == s.jobs and list(back.jobs) == list(s.jobs)
         sections = {(k, id(v)) for rec in back.jobs.values() for k, v in rec["spec"].items() if isinstance(v, dict)}
@@ -178,4 +187,4 @@ def _feed_one(s: State, cmd: Command, index: int) -> None:
 
 def test_an_unknown_snapshot_version_in_the_constructor_is_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_version"):
-        State(snapshot_version=3)
+        State(snapshot_version=4)

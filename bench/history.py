@@ -1,0 +1,186 @@
+"""A million run records: what the run ledger costs one agent, in-process.
+
+A state machine (``scheduler.state.State``) is filled through its own commands, as a replica
+applies them: ``--jobs`` jobs (``history: {keep: K}``), then rounds of one slot per job
+claimed, started and finished (``succeeded``, ``http_status`` 200, as an HTTP job reports),
+until every job holds ``--keep`` records: ``jobs x keep`` run records (default 100,000 x 10).
+Each form is measured in a process of its own, so its RSS is its own:
+
+- RSS with the jobs alone, then with the records, and the bytes per record (their difference
+  over the count);
+- seconds to apply one round (one record per job: claim, start, finish);
+- the snapshot: bytes, seconds to pack it;
+- a restore into a fresh process: seconds, and the RSS after it;
+- reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
+
+``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
+commit checked out with ``git worktree add``), interleaved with this tree's, as the reference.
+
+    python -m bench.history                         # 100,000 jobs x 10 records, 2 repetitions
+    python -m bench.history --jobs 10000 --repeat 1 # quick
+    python -m bench.history --tree /tmp/old         # and an earlier commit, in the same run
+
+The JSON goes to bench/results/history.json (``--ab NAME``: also bench/ab/NAME.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_800_000_000_000_000  # 2027-01-15, on a minute
+MIN = 60_000_000
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
+    """One measure in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
+    from raftlog.fsm import ApplyContext
+    from scheduler.commands import Claim, ClaimSlots, FinishRuns, PutJobs, RegisterNode, StartRuns, encode_command
+    from scheduler.state import State
+
+    if restore_from is not None:
+        data = Path(restore_from).read_bytes()
+        gc.collect()
+        before = rss_mb()
+        s = State()
+        t0 = time.perf_counter()
+        s.restore(data)
+        took = time.perf_counter() - t0
+        del data
+        gc.collect()
+        return {"restore_s": took, "rss_restored_mb": rss_mb(), "rss_before_restore_mb": before,
+                "records": len(s.runs)}
+
+    s = State()
+    index = 0
+
+    def apply(cmd: Any) -> Any:
+        nonlocal index
+        index += 1
+        out = s.apply(encode_command(cmd), ApplyContext(index=index))
+        return out
+
+    apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
+    names = [f"job-{i:07d}" for i in range(jobs)]
+    for start in range(0, jobs, 1000):
+        specs = tuple({"name": n, "schedule": "* * * * *", "executor": "http", "timeout": "5s",
+                       "http": {"url": "http://127.0.0.1:9/hook"}, "history": {"keep": keep},
+                       "labels": {"team": f"t{i % 10}"}} for i, n in enumerate(names[start:start + 1000], start))
+        apply(PutJobs(at_us=T0, specs=specs))
+    gc.collect()
+    rss_jobs = rss_mb()
+    round_s: list[float] = []
+    for k in range(1, keep + 1):
+        slot = T0 + k * MIN
+        t0 = time.perf_counter()
+        for start in range(0, jobs, 1000):
+            part = names[start:start + 1000]
+            out = apply(ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
+                Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in part)))
+            ids = tuple(r["id"] for r in out.result["runs"])
+            apply(StartRuns(at_us=slot + 1000, node="n1", runs=ids, started_us={r: slot + 1000 for r in ids},
+                            lease_until_us=slot + 30_000_000))
+            apply(FinishRuns(at_us=slot + 50_000, node="n1", results=tuple(
+                {"run_id": r, "status": "succeeded", "started_us": slot + 1000, "finished_us": slot + 50_000,
+                 "exit_code": None, "http_status": 200, "output": "", "error": None} for r in ids)))
+        round_s.append(time.perf_counter() - t0)
+    records = len(s.runs)
+    gc.collect()
+    rss_runs = rss_mb()
+    reads: list[float] = []
+    for n in names[:: max(1, jobs // 200)]:
+        t0 = time.perf_counter()
+        ids = s.job_runs.get(n) or []
+        got = [s.runs.get(rid) for rid in reversed(ids[-10:])]
+        reads.append(time.perf_counter() - t0)
+        assert len(got) == min(10, keep) and all(r is not None for r in got)
+    t0 = time.perf_counter()
+    data = s.snapshot_bytes()
+    pack_s = time.perf_counter() - t0
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"history-snapshot-{os.getpid()}.bin"
+    path.write_bytes(data)
+    return {
+        "records": records, "rss_jobs_mb": rss_jobs, "rss_runs_mb": rss_runs,
+        "bytes_per_record": (rss_runs - rss_jobs) * 1024 * 1024 / max(records, 1),
+        "round_s": statistics.median(round_s), "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
+        "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
+    }
+
+
+def measure(tree: Path, jobs: int, keep: int) -> dict[str, Any]:
+    # This file run as a script: its own directory first on sys.path, then ``tree``'s packages.
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    me = [sys.executable, str(Path(__file__).resolve()), "--child"]
+    out = json.loads(subprocess.run([*me, "build", str(jobs), str(keep)], env=env, check=True,
+                                    capture_output=True, text=True, cwd=tree).stdout.splitlines()[-1])
+    path = out.pop("snapshot_path")
+    try:
+        restored = json.loads(subprocess.run([*me, "restore", path], env=env, check=True, capture_output=True,
+                                             text=True, cwd=tree).stdout.splitlines()[-1])
+    finally:
+        os.unlink(path)
+    return {**out, **{k: v for k, v in restored.items() if k != "records"}}
+
+
+def _child_main(argv: list[str]) -> None:
+    if argv[0] == "build":
+        print(json.dumps(child(int(argv[1]), int(argv[2]), None)))
+    else:
+        print(json.dumps(child(0, 0, argv[1])))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=100_000, help="jobs (default 100,000)")
+    p.add_argument("--keep", type=int, default=10, help="records per job (default 10)")
+    p.add_argument("--repeat", type=int, default=2, help="repetitions of each form (default 2)")
+    p.add_argument("--tree", type=Path, help="also measure this checkout's scheduler package (the reference)")
+    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    a = p.parse_args()
+    forms = {"this": ROOT} | ({"reference": a.tree.resolve()} if a.tree else {})
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in forms}
+    for r in range(a.repeat):
+        for name, tree in forms.items():
+            res = measure(tree, a.jobs, a.keep)
+            runs[name].append(res)
+            print(f"[{r + 1}/{a.repeat}] {name}: " + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items()), flush=True)
+    summary = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "commit": head.strip(),
+              "reference_tree": str(a.tree) if a.tree else None, "runs": runs, "median": summary,
+              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print("\nmedians:")
+    keys = list(summary["this"])
+    print(f"{'':24}" + "".join(f"{n:>14}" for n in summary))
+    for k in keys:
+        print(f"{k:24}" + "".join(f"{summary[n][k]:>14.4g}" for n in summary))
+    out = ROOT / "bench" / "results" / "history.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    if a.ab:
+        (ROOT / "bench" / "ab" / f"{a.ab}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        _child_main(sys.argv[2:])
+    else:
+        main()

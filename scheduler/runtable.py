@@ -1,0 +1,472 @@
+"""The run ledger's records (``Store.runs``), kept per job and packed once an attempt is over.
+
+A run record as a dict costs ~1,130 bytes; a million of them (100,000 jobs keeping ten runs)
+would hold a gigabyte of an agent's memory. Here a record that no transition will touch often
+(any status but ``claimed`` and ``running``) is kept as one ``bytes`` value of ~90 bytes:
+its values in a fixed order, without keys, its id and job implied by where it is kept, its
+instants as offsets from its slot, its status, trigger and outcome as codes. Reading one
+gives back a dict equal to the one stored, with its keys in the same order, so snapshots are
+byte for byte what the dicts would give. A record that does not have the layout below (keys
+missing or in another order, a value of another type) is kept as the dict it is.
+
+Layout. Records of one job are one dict, token -> record, in token order (tokens grow with
+the log, so a job's insertion order is its claim order). Where each token's job is kept is a
+sorted array of tokens beside a list of job names (``_Index``); a removed record leaves a
+hole (``None``) until holes are half of it. Readers on the event loop's thread see the raft
+thread's changes one step at a time: every change below is one step under the GIL on a
+single dict, list, array or attribute, ordered so that a reader at worst misses a record
+being added or removed, never sees one under another token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, cast, get_args
+
+import msgpack
+
+from .runs import HELD, RUN_STATUSES, RunRecord, TriggerName
+
+__all__ = ["Captured", "JobRuns", "RunTable", "Slices", "run_id_of", "token_of_id"]
+
+FIELDS = (
+    "id", "job", "slot_us", "attempt", "trigger", "status", "node", "claimed_us", "started_us", "finished_us",
+    "lease_us", "exit_code", "http_status", "output", "error", "token", "term", "leader", "retry_of", "next",
+    "cause", "retry_at_us", "outcome", "not_before_us",
+)
+"""A record's keys in the order the ledger makes them; later keys (``late_result``,
+``dead_deleted``) follow in the order they were added."""
+_N = len(FIELDS)
+_INSTANTS = ("claimed_us", "started_us", "finished_us", "lease_us", "retry_at_us", "not_before_us")
+_TRIGGERS: tuple[TriggerName, ...] = get_args(TriggerName)
+_STATUS_CODE = {s: i for i, s in enumerate(RUN_STATUSES)}
+_TRIGGER_CODE = {t: i for i, t in enumerate(_TRIGGERS)}
+_UNPACKED: frozenset[str] = frozenset(HELD)
+"""Statuses whose records change often (starts, lease renewals, results): kept as dicts."""
+_ID = re.compile(r"r[1-9a-f][0-9a-f]*")
+
+
+def run_id_of(token: int) -> str:
+    return f"r{token:x}"
+
+
+def token_of_id(rid: str) -> int | None:
+    """The token a run id names, or None for a string no token gives (``run_id_of``)."""
+    if type(rid) is not str or _ID.fullmatch(rid) is None:
+        return None
+    return int(rid[1:], 16)
+
+
+def _ref(rid: Any) -> Any:
+    """A run id another record names (``retry_of``, ``next``) as its token, which packs smaller."""
+    if rid is None:
+        return None
+    token = token_of_id(rid)
+    return rid if token is None else token
+
+
+def pack(run: RunRecord) -> bytes | None:
+    """``run`` packed, or None when it is kept as a dict: a status that changes often, or a
+    record whose keys or values are not the ledger's layout (so unpacking would not give it back)."""
+    status = run.get("status")
+    if status in _UNPACKED or status not in _STATUS_CODE:
+        return None
+    keys = tuple(run)
+    if keys[:_N] != FIELDS:
+        return None
+    slot = run["slot_us"]
+    if type(slot) is not int or run["id"] != run_id_of(run["token"]):
+        return None
+    rec = cast(dict[str, Any], run)
+    offsets: list[int | None] = []
+    for k in _INSTANTS:
+        v = rec[k]
+        if v is None:
+            offsets.append(None)
+        elif type(v) is int:
+            offsets.append(v - slot)
+        else:
+            return None
+    trigger, outcome, retry_of, nxt = run["trigger"], run["outcome"], run["retry_of"], run["next"]
+    if type(trigger) is not str or type(outcome) is int or type(retry_of) is int or type(nxt) is int:
+        return None  # an int here would read back as a code or a token
+    body = [
+        slot, run["attempt"], _TRIGGER_CODE.get(trigger, trigger), run["node"], offsets[0], offsets[1],
+        offsets[2], offsets[3], run["exit_code"], run["http_status"], run["output"], run["error"], run["term"],
+        run["leader"], _ref(retry_of), _ref(nxt), run["cause"], offsets[4],
+        _STATUS_CODE.get(outcome, outcome) if type(outcome) is str else outcome, offsets[5],
+    ]
+    if len(keys) > _N:
+        body.append({k: rec[k] for k in keys[_N:]})
+    return bytes((_STATUS_CODE[status],)) + msgpack.packb(body, use_bin_type=True)
+
+
+def unpack(job: str, token: int, data: bytes) -> RunRecord:
+    v = msgpack.unpackb(data[1:], raw=False, use_list=True, strict_map_key=False)
+    slot = v[0]
+    trigger, retry_of, nxt, outcome = v[2], v[14], v[15], v[18]
+    rec: dict[str, Any] = {
+        "id": run_id_of(token), "job": job, "slot_us": slot, "attempt": v[1],
+        "trigger": _TRIGGERS[trigger] if type(trigger) is int else trigger,
+        "status": RUN_STATUSES[data[0]], "node": v[3],
+        "claimed_us": None if v[4] is None else slot + v[4],
+        "started_us": None if v[5] is None else slot + v[5],
+        "finished_us": None if v[6] is None else slot + v[6],
+        "lease_us": None if v[7] is None else slot + v[7],
+        "exit_code": v[8], "http_status": v[9], "output": v[10], "error": v[11], "token": token, "term": v[12],
+        "leader": v[13],
+        "retry_of": run_id_of(retry_of) if type(retry_of) is int else retry_of,
+        "next": run_id_of(nxt) if type(nxt) is int else nxt,
+        "cause": v[16],
+        "retry_at_us": None if v[17] is None else slot + v[17],
+        "outcome": RUN_STATUSES[outcome] if type(outcome) is int else outcome,
+        "not_before_us": None if v[19] is None else slot + v[19],
+    }
+    if len(v) > 20:
+        rec.update(v[20])
+    return cast(RunRecord, rec)
+
+
+def _status_of(value: RunRecord | bytes) -> str:
+    return RUN_STATUSES[value[0]] if type(value) is bytes else cast(RunRecord, value)["status"]
+
+
+class _Index:
+    """token -> job, as a sorted array of tokens and a list of job names (None: removed)."""
+
+    def __init__(self, tokens: array[int] | None = None, owners: list[str | None] | None = None) -> None:
+        self.tokens: array[int] = tokens if tokens is not None else array("q")
+        self.owners: list[str | None] = owners if owners is not None else []
+
+    def find(self, token: int) -> int:
+        """The position of ``token``, or -1."""
+        tokens = self.tokens
+        i = bisect.bisect_left(tokens, token)
+        return i if i < len(tokens) and tokens[i] == token else -1
+
+    def owner(self, token: int) -> str | None:
+        i = self.find(token)
+        if i < 0:
+            return None
+        owners = self.owners
+        return owners[i] if i < len(owners) else None
+
+
+class RunTable:
+    """``Store.runs``: run id -> record, as a mapping (``get``, ``[]``, ``in``, ``len``, iteration
+    in token order), with the per-job views the ledger and the API read (``ids_of``,
+    ``records_of``) and counts by status kept in step (``status_counts``)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, dict[int, RunRecord | bytes]] = {}
+        self._index = _Index()
+        self._holes = 0
+        self._len = 0
+        self._statuses: dict[str, int] = {}
+
+    # ---- reading ---------------------------------------------------------------
+
+    def _locate(self, rid: str) -> tuple[str, int] | None:
+        token = token_of_id(rid)
+        if token is None:
+            return None
+        job = self._index.owner(token)
+        return None if job is None else (job, token)
+
+    def get(self, rid: str) -> RunRecord | None:
+        at = self._locate(rid)
+        if at is None:
+            return None
+        runs = self._jobs.get(at[0])
+        value = runs.get(at[1]) if runs is not None else None
+        if value is None:
+            return None
+        return unpack(at[0], at[1], value) if type(value) is bytes else cast(RunRecord, value)
+
+    def __getitem__(self, rid: str) -> RunRecord:
+        run = self.get(rid)
+        if run is None:
+            raise KeyError(rid)
+        return run
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self.get(rid) is not None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        index = self._index
+        tokens, owners = array("q", index.tokens), list(index.owners)  # owners may have grown between
+        return (run_id_of(t) for t, job in zip(tokens, owners, strict=False) if job is not None)
+
+    def newest(self, before: int | None = None) -> Iterator[str]:
+        """Run ids, newest first, of tokens below ``before`` (every one when None)."""
+        index = self._index
+        tokens = index.tokens
+        end = len(tokens) if before is None else bisect.bisect_left(tokens, before)
+        owners = index.owners
+        for i in range(min(end, len(owners)) - 1, -1, -1):
+            if owners[i] is not None:
+                yield run_id_of(tokens[i])
+
+    def items(self) -> list[tuple[str, RunRecord]]:
+        return list(self.capture())
+
+    def values(self) -> list[RunRecord]:
+        return [run for _, run in self.capture()]
+
+    def ids_of(self, job: str) -> list[str] | None:
+        """The job's run ids in claim order; None for a job the table does not hold."""
+        runs = self._jobs.get(job)
+        return None if runs is None else [run_id_of(t) for t in runs.copy()]
+
+    def records_of(self, job: str) -> list[RunRecord]:
+        """The job's records in claim order."""
+        runs = self._jobs.get(job)
+        if runs is None:
+            return []
+        return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v) for t, v in runs.copy().items()]
+
+    def status_counts(self) -> dict[str, int]:
+        return dict(self._statuses)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        if not isinstance(other, RunTable):
+            return NotImplemented
+        return self.items() == other.items() and [(j, list(r)) for j, r in self._jobs.items()] == [
+            (j, list(r)) for j, r in other._jobs.items()]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ---- changing (the raft thread) --------------------------------------------
+
+    def add_job(self, job: str) -> None:
+        """A job the table lists (empty) from its creation, in the order jobs are created."""
+        self._jobs.setdefault(job, {})
+
+    def __setitem__(self, rid: str, run: RunRecord) -> None:
+        token = run["token"]
+        if rid != run_id_of(token) or run["id"] != rid:
+            raise ValueError(f"run {rid!r} holds token {token!r}, whose id is {run_id_of(token)!r}")
+        job = run["job"]
+        runs = self._jobs.get(job)
+        if runs is None:
+            runs = self._jobs[job] = {}
+        old = runs.get(token)
+        if old is None:
+            self._insert(token, job)
+            self._len += 1
+        else:
+            self._count(_status_of(old), -1)
+        packed = pack(run)
+        runs[token] = run if packed is None else packed
+        self._count(run["status"], 1)
+
+    def load_packed(self, items: Iterable[tuple[str, int, Any]]) -> None:
+        """Records as ``Captured.packed`` gives them (snapshot version 3), kept as they come:
+        a packed value is checked for its status code only, and unpacked when read."""
+        for job, token, value in items:
+            if type(job) is not str or type(token) is not int or token < 0:
+                raise ValueError(f"a run is listed as {job!r}, {token!r}: not a job name and a token")
+            if type(value) is bytes:
+                if len(value) < 2 or value[0] >= len(RUN_STATUSES):
+                    raise ValueError(f"run {run_id_of(token)} is packed with an unknown status code")
+                runs = self._jobs.get(job)
+                if runs is None:
+                    runs = self._jobs[job] = {}
+                if token in runs:
+                    raise ValueError(f"run {run_id_of(token)} is listed twice")
+                self._insert(token, job)
+                self._len += 1
+                runs[token] = value
+                self._count(_status_of(value), 1)
+            elif isinstance(value, dict) and value.get("token") == token and value.get("job") == job:
+                if self.get(run_id_of(token)) is not None:
+                    raise ValueError(f"run {run_id_of(token)} is listed twice")
+                self[run_id_of(token)] = cast(RunRecord, value)
+            else:
+                raise ValueError(f"run {run_id_of(token)} of job {job!r} is neither packed nor its record")
+
+    def discard(self, rid: str) -> bool:
+        """Remove the record ``rid`` if it is held; whether it was."""
+        at = self._locate(rid)
+        if at is None:
+            return False
+        job, token = at
+        runs = self._jobs.get(job)
+        value = runs.pop(token, None) if runs is not None else None
+        if value is None:
+            return False
+        self._count(_status_of(value), -1)
+        self._len -= 1
+        self._forget(token)
+        return True
+
+    def pop(self, rid: str) -> RunRecord | None:
+        run = self.get(rid)
+        if run is not None:
+            self.discard(rid)
+        return run
+
+    def drop_job(self, job: str) -> list[str]:
+        """Remove the job and all its records; their ids."""
+        runs = self._jobs.pop(job, None)
+        if runs is None:
+            return []
+        for token, value in runs.items():
+            self._count(_status_of(value), -1)
+            self._forget(token)
+        self._len -= len(runs)
+        return [run_id_of(t) for t in runs]
+
+    def _count(self, status: str, n: int) -> None:
+        left = self._statuses.get(status, 0) + n
+        if left:
+            self._statuses[status] = left
+        else:
+            self._statuses.pop(status, None)
+
+    def _insert(self, token: int, job: str) -> None:
+        index = self._index
+        tokens, owners = index.tokens, index.owners
+        if not tokens or tokens[-1] < token:
+            owners.append(job)  # before its token: a reader that finds the token finds its job
+            tokens.append(token)
+            return
+        if index.owner(token) is not None:
+            raise ValueError(f"run {run_id_of(token)} is kept already")
+        # Out of token order (not the ledger's way): a new index, swapped in whole.
+        i = bisect.bisect_left(tokens, token)
+        new_tokens = array("q", tokens)
+        new_tokens.insert(i, token)
+        self._index = _Index(new_tokens, [*owners[:i], job, *owners[i:]])
+
+    def _forget(self, token: int) -> None:
+        index = self._index
+        i = index.find(token)
+        if i < 0:
+            return
+        index.owners[i] = None
+        self._holes += 1
+        if self._holes > 1024 and self._holes * 2 > len(index.owners):
+            kept = [(t, j) for t, j in zip(index.tokens, index.owners, strict=True) if j is not None]
+            self._index = _Index(array("q", (t for t, _ in kept)), [j for _, j in kept])
+            self._holes = 0
+
+    # ---- snapshots -------------------------------------------------------------
+
+    def capture(self) -> Captured:
+        """The records as they are now, to read (and unpack) later, in token order."""
+        index = self._index
+        owners = list(index.owners)
+        tokens = array("q", index.tokens[: len(owners)])
+        jobs = {job: runs.copy() for job, runs in self._jobs.copy().items()}
+        return Captured(tokens, owners, jobs)
+
+    def load(self, items: Iterable[tuple[str, RunRecord]]) -> None:
+        for rid, run in items:
+            self[rid] = run
+
+
+class Captured:
+    """A table's records at one instant: ``len`` and slices of (id, record) pairs in token order
+    (what a snapshot packs chunk by chunk), and each job's ids (``job_lists``)."""
+
+    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, dict[int, Any]]) -> None:
+        kept = [(t, j) for t, j in zip(tokens, owners, strict=True) if j is not None and t in jobs.get(j, ())]
+        self._pairs = kept
+        self._jobs = jobs
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __iter__(self) -> Iterator[tuple[str, RunRecord]]:
+        for start in range(0, len(self._pairs), 2000):
+            yield from self[start : start + 2000]
+
+    def __getitem__(self, part: slice) -> list[tuple[str, RunRecord]]:
+        out = []
+        for token, job in self._pairs[part]:
+            value = self._jobs[job][token]
+            out.append((run_id_of(token), unpack(job, token, value) if type(value) is bytes else value))
+        return out
+
+    def packed(self) -> _Lazy:
+        """(job, token, value) triples in token order: a value as kept, packed bytes or a dict."""
+        pairs, jobs = self._pairs, self._jobs
+        return _Lazy(len(pairs), lambda part: [(job, token, jobs[job][token]) for token, job in pairs[part]])
+
+    def job_lists(self) -> _Lazy:
+        jobs = list(self._jobs.items())
+        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in runs]) for job, runs in jobs[part]])
+
+
+class Slices(Protocol):
+    """What a snapshot section is read from: its length, and its items a slice at a time."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, part: slice, /) -> list[Any]: ...
+
+
+class _Lazy:
+    def __init__(self, n: int, read: Callable[[slice], list[Any]]) -> None:
+        self._n, self._read = n, read
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, part: slice) -> list[Any]:
+        return self._read(part)
+
+
+class JobRuns:
+    """``Store.job_runs``: job -> its run ids in claim order, read from the table (a job is
+    listed from its creation to its deletion, with no runs or many)."""
+
+    def __init__(self, table: RunTable) -> None:
+        self._table = table
+
+    def get(self, job: str, default: Any = None) -> Any:
+        ids = self._table.ids_of(job)
+        return default if ids is None else ids
+
+    def __getitem__(self, job: str) -> list[str]:
+        ids = self._table.ids_of(job)
+        if ids is None:
+            raise KeyError(job)
+        return ids
+
+    def __contains__(self, job: object) -> bool:
+        return job in self._table._jobs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._table._jobs))
+
+    def __len__(self) -> int:
+        return len(self._table._jobs)
+
+    def keys(self) -> list[str]:
+        return list(self._table._jobs)
+
+    def items(self) -> list[tuple[str, list[str]]]:
+        return [(job, [run_id_of(t) for t in runs]) for job, runs in self._table._jobs.copy().items()]
+
+    def values(self) -> list[list[str]]:
+        return [ids for _, ids in self.items()]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, JobRuns):
+            return self.items() == other.items()
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
