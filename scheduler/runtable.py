@@ -162,6 +162,9 @@ class RunTable:
 
     def __init__(self) -> None:
         self._jobs: dict[str, dict[int, RunRecord | bytes]] = {}
+        # The records kept as dicts (attempts in flight, mostly), by id as well: the leader and
+        # the workers read them at every tick, without the token index.
+        self._live: dict[str, RunRecord] = {}
         self._index = _Index()
         self._holes = 0
         self._len = 0
@@ -177,6 +180,9 @@ class RunTable:
         return None if job is None else (job, token)
 
     def get(self, rid: str) -> RunRecord | None:
+        live = self._live.get(rid)
+        if live is not None:
+            return live
         at = self._locate(rid)
         if at is None:
             return None
@@ -265,7 +271,12 @@ class RunTable:
         else:
             self._count(_status_of(old), -1)
         packed = pack(run)
-        runs[token] = run if packed is None else packed
+        if packed is None:
+            runs[token] = run
+            self._live[rid] = run
+        else:
+            runs[token] = packed
+            self._live.pop(rid, None)
         self._count(run["status"], 1)
 
     def load_packed(self, items: Iterable[tuple[str, int, Any]]) -> None:
@@ -303,6 +314,7 @@ class RunTable:
         value = runs.pop(token, None) if runs is not None else None
         if value is None:
             return False
+        self._live.pop(rid, None)
         self._count(_status_of(value), -1)
         self._len -= 1
         self._forget(token)
@@ -320,6 +332,8 @@ class RunTable:
         if runs is None:
             return []
         for token, value in runs.items():
+            if type(value) is not bytes:
+                self._live.pop(run_id_of(token), None)
             self._count(_status_of(value), -1)
             self._forget(token)
         self._len -= len(runs)

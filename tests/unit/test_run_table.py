@@ -143,6 +143,7 @@ def test_the_table_answers_as_a_dict_of_records_would_through_random_changes() -
 def _agrees(table: RunTable, model: dict[str, RunRecord], jobs: list[str], rng: random.Random) -> None:
     ordered = sorted(model, key=lambda rid: model[rid]["token"])
     assert len(table) == len(model) and list(table) == ordered
+    assert table._live == {rid: r for rid, r in model.items() if pack(r) is None}  # the in-flight ones, by id
     assert table.items() == [(rid, model[rid]) for rid in ordered]
     for rid in ordered:
         assert table.get(rid) == model[rid] and rid in table
