@@ -490,10 +490,10 @@ def trim(state: Store, job_name: str) -> None:
     """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
     job = state.job(job_name)
     keep = job.history.keep if job is not None else 100
-    ids = state.job_runs.get(job_name, [])
-    excess = len(ids) - keep
+    excess = state.runs.count_of(job_name) - keep
     if excess <= 0:
         return
+    ids = state.job_runs.get(job_name, [])
     # Oldest first; live attempts and dead letters are passed over.
     for rid in ids:
         if excess <= 0:

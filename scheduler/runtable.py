@@ -230,6 +230,10 @@ class RunTable:
         runs = self._jobs.get(job)
         return None if runs is None else [run_id_of(t) for t in runs.copy()]
 
+    def count_of(self, job: str) -> int:
+        """How many records the job holds."""
+        return len(self._jobs.get(job, ()))
+
     def records_of(self, job: str) -> list[RunRecord]:
         """The job's records in claim order."""
         runs = self._jobs.get(job)

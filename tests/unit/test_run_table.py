@@ -149,7 +149,7 @@ def _agrees(table: RunTable, model: dict[str, RunRecord], jobs: list[str], rng: 
         assert table.get(rid) == model[rid] and rid in table
     for job in jobs:
         listed = [rid for rid in ordered if model[rid]["job"] == job]
-        assert (table.ids_of(job) or []) == listed
+        assert (table.ids_of(job) or []) == listed and table.count_of(job) == len(listed)
         assert table.records_of(job) == [model[rid] for rid in listed]
     counts: dict[str, int] = {}
     for r in model.values():
