@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast, get_args
@@ -30,7 +31,7 @@ import msgpack
 
 from .runs import HELD, RUN_STATUSES, RunRecord, TriggerName
 
-__all__ = ["Captured", "JobRuns", "RunTable", "Slices", "run_id_of", "token_of_id"]
+__all__ = ["Captured", "JobRuns", "RunTable", "Slices", "chunked", "run_id_of", "token_of_id"]
 
 FIELDS = (
     "id", "job", "slot_us", "attempt", "trigger", "status", "node", "claimed_us", "started_us", "finished_us",
@@ -155,13 +156,41 @@ class _Index:
         return owners[i] if i < len(owners) else None
 
 
+Pair = tuple["array[int]", list[Any]]
+"""One job's records: its tokens in order, and beside each its value (packed bytes or a dict)."""
+
+
+def _empty() -> Pair:
+    return (array("q"), [])
+
+
+def _wire(values: array[int]) -> bytes:
+    """An array as a snapshot holds it: little-endian whatever this machine's order."""
+    if sys.byteorder == "big":
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _unwire(typecode: str, raw: bytes) -> array[int]:
+    values = array(typecode)
+    values.frombytes(raw)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
+
+
 class RunTable:
     """``Store.runs``: run id -> record, as a mapping (``get``, ``[]``, ``in``, ``len``, iteration
     in token order), with the per-job views the ledger and the API read (``ids_of``,
-    ``records_of``) and counts by status kept in step (``status_counts``)."""
+    ``records_of``, ``count_of``) and counts by status kept in step (``status_counts``).
+
+    Each job's records are a pair (tokens array, values list), 16 bytes a record beside its
+    value. Appending extends both, values first (a reader that finds a token finds its value);
+    replacing a record sets one list item; removing one makes a new pair and sets it whole."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, dict[int, RunRecord | bytes]] = {}
+        self._jobs: dict[str, Pair] = {}
         # The records kept as dicts (attempts in flight, mostly), by id as well: the leader and
         # the workers read them at every tick, without the token index.
         self._live: dict[str, RunRecord] = {}
@@ -172,25 +201,30 @@ class RunTable:
 
     # ---- reading ---------------------------------------------------------------
 
-    def _locate(self, rid: str) -> tuple[str, int] | None:
-        token = token_of_id(rid)
-        if token is None:
+    def _value(self, job: str, token: int) -> Any:
+        pair = self._jobs.get(job)
+        if pair is None:
             return None
-        job = self._index.owner(token)
-        return None if job is None else (job, token)
+        tokens, values = pair
+        i = bisect.bisect_left(tokens, token)
+        if i < len(tokens) and tokens[i] == token and i < len(values):
+            return values[i]
+        return None
 
     def get(self, rid: str) -> RunRecord | None:
         live = self._live.get(rid)
         if live is not None:
             return live
-        at = self._locate(rid)
-        if at is None:
+        token = token_of_id(rid)
+        if token is None:
             return None
-        runs = self._jobs.get(at[0])
-        value = runs.get(at[1]) if runs is not None else None
+        job = self._index.owner(token)
+        if job is None:
+            return None
+        value = self._value(job, token)
         if value is None:
             return None
-        return unpack(at[0], at[1], value) if type(value) is bytes else cast(RunRecord, value)
+        return unpack(job, token, value) if type(value) is bytes else cast(RunRecord, value)
 
     def __getitem__(self, rid: str) -> RunRecord:
         run = self.get(rid)
@@ -225,21 +259,30 @@ class RunTable:
     def values(self) -> list[RunRecord]:
         return [run for _, run in self.capture()]
 
+    def _copy(self, job: str) -> Pair | None:
+        pair = self._jobs.get(job)
+        if pair is None:
+            return None
+        values = list(pair[1])
+        return array("q", pair[0][: len(values)]), values
+
     def ids_of(self, job: str) -> list[str] | None:
         """The job's run ids in claim order; None for a job the table does not hold."""
-        runs = self._jobs.get(job)
-        return None if runs is None else [run_id_of(t) for t in runs.copy()]
+        pair = self._copy(job)
+        return None if pair is None else [run_id_of(t) for t in pair[0]]
 
     def count_of(self, job: str) -> int:
         """How many records the job holds."""
-        return len(self._jobs.get(job, ()))
+        pair = self._jobs.get(job)
+        return 0 if pair is None else len(pair[0])
 
     def records_of(self, job: str) -> list[RunRecord]:
         """The job's records in claim order."""
-        runs = self._jobs.get(job)
-        if runs is None:
+        pair = self._copy(job)
+        if pair is None:
             return []
-        return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v) for t, v in runs.copy().items()]
+        return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v)
+                for t, v in zip(pair[0], pair[1], strict=False)]
 
     def status_counts(self) -> dict[str, int]:
         return dict(self._statuses)
@@ -249,8 +292,8 @@ class RunTable:
             return dict(self.items()) == other
         if not isinstance(other, RunTable):
             return NotImplemented
-        return self.items() == other.items() and [(j, list(r)) for j, r in self._jobs.items()] == [
-            (j, list(r)) for j, r in other._jobs.items()]
+        return self.items() == other.items() and [(j, list(p[0])) for j, p in self._jobs.items()] == [
+            (j, list(p[0])) for j, p in other._jobs.items()]
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -258,66 +301,56 @@ class RunTable:
 
     def add_job(self, job: str) -> None:
         """A job the table lists (empty) from its creation, in the order jobs are created."""
-        self._jobs.setdefault(job, {})
+        job = sys.intern(job)
+        if job not in self._jobs:
+            self._jobs[job] = _empty()
 
     def __setitem__(self, rid: str, run: RunRecord) -> None:
         token = run["token"]
         if rid != run_id_of(token) or run["id"] != rid:
             raise ValueError(f"run {rid!r} holds token {token!r}, whose id is {run_id_of(token)!r}")
-        job = run["job"]
-        runs = self._jobs.get(job)
-        if runs is None:
-            runs = self._jobs[job] = {}
-        old = runs.get(token)
-        if old is None:
-            self._insert(token, job)
-            self._len += 1
-        else:
-            self._count(_status_of(old), -1)
+        # Interned: the token index lists the job of every record, and each claim decodes its
+        # own copy of the name (58 bytes a record at 100,000 jobs, a third of what one costs).
+        job = sys.intern(run["job"])
         packed = pack(run)
+        value: Any = run if packed is None else packed
+        pair = self._jobs.get(job)
+        if pair is None:
+            pair = self._jobs[job] = _empty()
+        tokens, values = pair
+        if tokens and tokens[-1] >= token:
+            i = bisect.bisect_left(tokens, token)
+            if tokens[i] == token:  # a record replaced
+                self._count(_status_of(values[i]), -1)
+                values[i] = value
+            else:  # out of token order (not the ledger's way): a new pair, set whole
+                self._insert(token, job)
+                self._jobs[job] = (array("q", [*tokens[:i], token, *tokens[i:]]), [*values[:i], value, *values[i:]])
+                self._len += 1
+        else:
+            self._insert(token, job)
+            values.append(value)  # before its token: a reader that finds the token finds its value
+            tokens.append(token)
+            self._len += 1
         if packed is None:
-            runs[token] = run
             self._live[rid] = run
         else:
-            runs[token] = packed
             self._live.pop(rid, None)
         self._count(run["status"], 1)
 
-    def load_packed(self, items: Iterable[tuple[str, int, Any]]) -> None:
-        """Records as ``Captured.packed`` gives them (snapshot version 3), kept as they come:
-        a packed value is checked for its status code only, and unpacked when read."""
-        for job, token, value in items:
-            if type(job) is not str or type(token) is not int or token < 0:
-                raise ValueError(f"a run is listed as {job!r}, {token!r}: not a job name and a token")
-            if type(value) is bytes:
-                if len(value) < 2 or value[0] >= len(RUN_STATUSES):
-                    raise ValueError(f"run {run_id_of(token)} is packed with an unknown status code")
-                runs = self._jobs.get(job)
-                if runs is None:
-                    runs = self._jobs[job] = {}
-                if token in runs:
-                    raise ValueError(f"run {run_id_of(token)} is listed twice")
-                self._insert(token, job)
-                self._len += 1
-                runs[token] = value
-                self._count(_status_of(value), 1)
-            elif isinstance(value, dict) and value.get("token") == token and value.get("job") == job:
-                if self.get(run_id_of(token)) is not None:
-                    raise ValueError(f"run {run_id_of(token)} is listed twice")
-                self[run_id_of(token)] = cast(RunRecord, value)
-            else:
-                raise ValueError(f"run {run_id_of(token)} of job {job!r} is neither packed nor its record")
-
     def discard(self, rid: str) -> bool:
         """Remove the record ``rid`` if it is held; whether it was."""
-        at = self._locate(rid)
-        if at is None:
+        token = token_of_id(rid)
+        job = None if token is None else self._index.owner(token)
+        pair = None if job is None else self._jobs.get(job)
+        if pair is None or job is None or token is None:
             return False
-        job, token = at
-        runs = self._jobs.get(job)
-        value = runs.pop(token, None) if runs is not None else None
-        if value is None:
+        tokens, values = pair
+        i = bisect.bisect_left(tokens, token)
+        if i >= len(tokens) or tokens[i] != token:
             return False
+        value = values[i]
+        self._jobs[job] = (tokens[:i] + tokens[i + 1:], values[:i] + values[i + 1:])
         self._live.pop(rid, None)
         self._count(_status_of(value), -1)
         self._len -= 1
@@ -332,16 +365,16 @@ class RunTable:
 
     def drop_job(self, job: str) -> list[str]:
         """Remove the job and all its records; their ids."""
-        runs = self._jobs.pop(job, None)
-        if runs is None:
+        pair = self._jobs.pop(job, None)
+        if pair is None:
             return []
-        for token, value in runs.items():
+        for token, value in zip(*pair, strict=True):
             if type(value) is not bytes:
                 self._live.pop(run_id_of(token), None)
             self._count(_status_of(value), -1)
             self._forget(token)
-        self._len -= len(runs)
-        return [run_id_of(t) for t in runs]
+        self._len -= len(pair[0])
+        return [run_id_of(t) for t in pair[0]]
 
     def _count(self, status: str, n: int) -> None:
         left = self._statuses.get(status, 0) + n
@@ -384,45 +417,141 @@ class RunTable:
         index = self._index
         owners = list(index.owners)
         tokens = array("q", index.tokens[: len(owners)])
-        jobs = {job: runs.copy() for job, runs in self._jobs.copy().items()}
+        jobs = {job: (array("q", pair[0]), list(pair[1])) for job, pair in self._jobs.copy().items()}
         return Captured(tokens, owners, jobs)
 
     def load(self, items: Iterable[tuple[str, RunRecord]]) -> None:
+        """Records as a version 1 or 2 snapshot lists them."""
         for rid, run in items:
             self[rid] = run
 
+    def load_jobs(self, items: Iterable[Any]) -> None:
+        """Version 3: each job's records as ``(job, tokens, values)`` (``Captured.by_job``), tokens
+        as the bytes of a signed 64-bit little-endian array. Values are checked for
+        their status code only, and unpacked when read. ``load_index`` then lists their jobs."""
+        for item in items:
+            job, raw, values = item
+            if type(job) is not str or type(raw) is not bytes or type(values) is not list:
+                raise ValueError(f"a job's runs are listed as {type(job).__name__}, {type(raw).__name__}, "
+                                 f"{type(values).__name__}")
+            if len(raw) % 8 or len(raw) // 8 != len(values):
+                raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
+            job = sys.intern(job)
+            tokens = _unwire("q", raw)
+            pair = self._jobs.get(job)
+            if pair is None:
+                pair = self._jobs[job] = _empty()
+            last = pair[0][-1] if pair[0] else -1
+            for token, value in zip(tokens, values, strict=True):
+                if token <= last:
+                    raise ValueError(f"job {job!r} lists run {run_id_of(token)} out of order")
+                last = token
+                if type(value) is bytes:
+                    if len(value) < 2 or value[0] >= len(RUN_STATUSES):
+                        raise ValueError(f"run {run_id_of(token)} is packed with an unknown status code")
+                    self._count(RUN_STATUSES[value[0]], 1)
+                elif isinstance(value, dict) and value.get("token") == token and value.get("job") == job \
+                        and pack(cast(RunRecord, value)) is None and value.get("status") in _STATUS_CODE:
+                    self._live[run_id_of(token)] = cast(RunRecord, value)
+                    self._count(value["status"], 1)
+                else:
+                    raise ValueError(f"run {run_id_of(token)} of job {job!r} is neither packed nor its record")
+            pair[1].extend(values)
+            pair[0].extend(tokens)
+            self._len += len(values)
+
+    def load_index(self, items: Iterable[Any], jobs: list[str]) -> None:
+        """Version 3: the token index, as ``(tokens, ordinals)`` chunks: each token's job by its
+        place in the order the jobs were listed (``jobs``). Checked whole by ``check``."""
+        index = self._index
+        for item in items:
+            raw, ords = item
+            if type(raw) is not bytes or type(ords) is not bytes or len(raw) % 8 or len(ords) % 4 \
+                    or len(raw) // 8 != len(ords) // 4:
+                raise ValueError("the run index is not pairs of tokens and job numbers")
+            tokens, at = _unwire("q", raw), _unwire("I", ords)
+            if at and max(at) >= len(jobs):
+                raise ValueError("the run index names a job the snapshot does not list")
+            index.owners.extend([jobs[k] for k in at])
+            index.tokens.extend(tokens)
+
+    def check(self) -> None:
+        """After ``load_jobs`` and ``load_index``: the index lists every record once, in order."""
+        tokens = self._index.tokens
+        if len(tokens) != self._len:
+            raise ValueError(f"the run index lists {len(tokens)} runs for {self._len} records")
+        if any(a >= b for a, b in zip(tokens, tokens[1:], strict=False)):
+            raise ValueError("the run index is out of order")
+        counts: dict[str, int] = {}
+        for job in self._index.owners:
+            if job is not None:
+                counts[job] = counts.get(job, 0) + 1
+        for job, pair in self._jobs.items():
+            if counts.get(job, 0) != len(pair[0]):
+                raise ValueError(f"the run index lists {counts.get(job, 0)} runs of job {job!r}, which holds "
+                                 f"{len(pair[0])}")
+
 
 class Captured:
-    """A table's records at one instant: ``len`` and slices of (id, record) pairs in token order
-    (what a snapshot packs chunk by chunk), and each job's ids (``job_lists``)."""
+    """A table's records at one instant, to pack later: ``len`` and slices of (id, record) pairs
+    in token order (versions 1 and 2), each job's ids (``job_lists``), and version 3's chunks
+    (``by_job``, ``index``)."""
 
-    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, dict[int, Any]]) -> None:
-        kept = [(t, j) for t, j in zip(tokens, owners, strict=True) if j is not None and t in jobs.get(j, ())]
-        self._pairs = kept
+    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, Pair]) -> None:
+        self._tokens = array("q", (t for t, j in zip(tokens, owners, strict=True) if j is not None))
+        self._owners = [j for j in owners if j is not None]
         self._jobs = jobs
+        self._pairs: list[tuple[int, str]] | None = None
+
+    def _pair_list(self) -> list[tuple[int, str]]:
+        if self._pairs is None:
+            self._pairs = list(zip(self._tokens, self._owners, strict=True))
+        return self._pairs
 
     def __len__(self) -> int:
-        return len(self._pairs)
+        return len(self._tokens)
 
     def __iter__(self) -> Iterator[tuple[str, RunRecord]]:
-        for start in range(0, len(self._pairs), 2000):
+        for start in range(0, len(self), 2000):
             yield from self[start : start + 2000]
 
     def __getitem__(self, part: slice) -> list[tuple[str, RunRecord]]:
         out = []
-        for token, job in self._pairs[part]:
-            value = self._jobs[job][token]
+        for token, job in self._pair_list()[part]:
+            tokens, values = self._jobs[job]
+            value = values[bisect.bisect_left(tokens, token)]
             out.append((run_id_of(token), unpack(job, token, value) if type(value) is bytes else value))
         return out
 
-    def packed(self) -> _Lazy:
-        """(job, token, value) triples in token order: a value as kept, packed bytes or a dict."""
-        pairs, jobs = self._pairs, self._jobs
-        return _Lazy(len(pairs), lambda part: [(job, token, jobs[job][token]) for token, job in pairs[part]])
-
     def job_lists(self) -> _Lazy:
         jobs = list(self._jobs.items())
-        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in runs]) for job, runs in jobs[part]])
+        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in pair[0]]) for job, pair in jobs[part]])
+
+    def by_job(self, per_chunk: int) -> Iterator[list[Any]]:
+        """Chunks of ``(job, tokens, values)``, every job in table order (none left out: the
+        index refers to them by place), about ``per_chunk`` records a chunk; a job with more
+        is split over chunks."""
+        chunk: list[Any] = []
+        held = 0
+        for job, (tokens, values) in self._jobs.items():
+            if not values:
+                chunk.append((job, b"", []))
+            for start in range(0, len(values), per_chunk):
+                part = values[start:start + per_chunk]
+                chunk.append((job, _wire(tokens[start:start + per_chunk]), part))
+                held += len(part)
+                if held >= per_chunk:
+                    yield chunk
+                    chunk, held = [], 0
+        if chunk:
+            yield chunk
+
+    def index(self, per_chunk: int) -> Iterator[list[Any]]:
+        """Chunks of ``(tokens, ordinals)``: the token index, each job by its place in ``by_job``."""
+        place = {job: k for k, job in enumerate(self._jobs)}
+        for start in range(0, len(self._tokens), per_chunk):
+            ords = array("I", [place[j] for j in self._owners[start:start + per_chunk]])
+            yield [(_wire(self._tokens[start:start + per_chunk]), _wire(ords))]
 
 
 class Slices(Protocol):
@@ -442,6 +571,26 @@ class _Lazy:
 
     def __getitem__(self, part: slice) -> list[Any]:
         return self._read(part)
+
+
+class _Chunks:
+    """A section packed as the chunks an iterator gives (``_pack_sections`` asks ``chunks()``)."""
+
+    def __init__(self, chunks: Iterator[list[Any]]) -> None:
+        self._chunks = chunks
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, part: slice) -> list[Any]:
+        return []
+
+    def chunks(self) -> Iterator[list[Any]]:
+        return self._chunks
+
+
+def chunked(chunks: Iterator[list[Any]]) -> Slices:
+    return _Chunks(chunks)
 
 
 class JobRuns:
@@ -474,7 +623,7 @@ class JobRuns:
         return list(self._table._jobs)
 
     def items(self) -> list[tuple[str, list[str]]]:
-        return [(job, [run_id_of(t) for t in runs]) for job, runs in self._table._jobs.copy().items()]
+        return [(job, self._table.ids_of(job) or []) for job in list(self._table._jobs)]
 
     def values(self) -> list[list[str]]:
         return [ids for _, ids in self.items()]
@@ -487,4 +636,3 @@ class JobRuns:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
-

@@ -13,6 +13,7 @@ The run transitions themselves live in ``scheduler.ledger``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
-from .runtable import Slices
+from .runtable import Slices, chunked
 from .store import Store
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS"]
@@ -428,7 +429,8 @@ class State(Store):
                        "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
             ("jobs", list(self.jobs.items())),
             ("nodes", list(self.nodes.items())),
-            *([("runs", runs.packed())] if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
+            *([("runs", chunked(runs.by_job(_CHUNK))), ("runs_index", chunked(runs.index(8 * _CHUNK)))]
+              if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
             ("active", list(self.active)),
             ("dead", list(self.dead)),
             ("pending_deps", list(self.pending_deps.items())),
@@ -471,6 +473,7 @@ class State(Store):
             "clocks": fresh.clocks,  # absent from snapshots older than the section
         }
         ended = False
+        listed: list[str] = []  # version 3: the jobs in the order the runs section lists them
         for name, items in chunks:
             if ended:
                 raise CodecError(f"state snapshot goes on after its end (a {name!r} chunk)")
@@ -483,12 +486,17 @@ class State(Store):
                 if name == "jobs":
                     for job, _ in items:  # the table lists jobs in the order they were created
                         fresh.runs.add_job(job)
-            elif name == "runs":
+            elif name in ("runs", "runs_index"):
                 try:
-                    if version >= 3:
-                        fresh.runs.load_packed(items)
-                    else:
+                    if version < 3:
                         fresh.runs.load(items)
+                    elif name == "runs":
+                        for item in items:  # each job in order, once (a job split over chunks: at their seam)
+                            if isinstance(item, tuple) and item and (not listed or listed[-1] != item[0]):
+                                listed.append(sys.intern(item[0]))
+                        fresh.runs.load_jobs(items)
+                    else:
+                        fresh.runs.load_index(items, listed)
                 except (ValueError, TypeError, KeyError) as exc:
                     raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
             elif name == "job_runs":
@@ -502,6 +510,11 @@ class State(Store):
                 sets[name].update(dict.fromkeys(items))
         if version >= 2 and not ended:
             raise CodecError("state snapshot is cut short: it has no end chunk")
+        if version >= 3:
+            try:
+                fresh.runs.check()
+            except ValueError as exc:
+                raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
         fresh.reindex()
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 
@@ -557,6 +570,11 @@ def _shown(v: Any) -> str:
 
 def _pack_sections(sections: list[tuple[str, Slices]], shared: _SharedSections | None) -> Iterator[bytes]:
     for name, items in sections:
+        given = getattr(items, "chunks", None)
+        if given is not None:  # a section that chunks itself (``runtable.chunked``)
+            for chunk in given():
+                yield pack([name, chunk])
+            continue
         for start in range(0, max(len(items), 1), _CHUNK):
             chunk = items[start : start + _CHUNK]
             if name == "jobs" and shared is not None:

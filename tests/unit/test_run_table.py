@@ -249,14 +249,15 @@ def test_version_3_snapshots_keep_packed_records_as_they_are() -> None:
     back = State()
     back.restore(data)
     assert back.snapshot_bytes() == data and back.runs == s.runs and back.job_runs == s.job_runs
-    assert all(type(v) is bytes for runs in back.runs._jobs.values() for v in runs.values())
+    assert all(type(v) is bytes for _, values in back.runs._jobs.values() for v in values)
     from_v2 = State()
     from_v2.restore(v2)
     assert from_v2.snapshot_bytes() == data
 
 
-@pytest.mark.parametrize("damage", ["unknown status code", "listed twice", "neither packed nor a record",
-                                    "a record under another token", "not a job name"])
+@pytest.mark.parametrize("damage", ["unknown status code", "a job listed twice", "neither packed nor a record",
+                                    "a record under another token", "not a job name", "tokens and runs disagree",
+                                    "an index naming no job", "an index missing a run", "an index out of order"])
 def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: str) -> None:
     import msgpack
 
@@ -266,22 +267,51 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
     unpacker.feed(s.snapshot_bytes())
     chunks = list(unpacker)
     runs = next(c for c in chunks if c[0] == "runs")[1]
-    job, token, value = runs[0]
+    index = next(c for c in chunks if c[0] == "runs_index")[1]
+    job, raw, values = runs[0]
     if damage == "unknown status code":
-        runs[0] = [job, token, bytes((200,)) + value[1:]]
-    elif damage == "listed twice":
+        values[0] = bytes((200,)) + values[0][1:]
+    elif damage == "a job listed twice":
         runs.append(runs[0])
     elif damage == "neither packed nor a record":
-        runs[0] = [job, token, "text"]
+        values[1] = "text"
     elif damage == "a record under another token":
-        runs[0] = [job, token, {**unpack(job, token, value), "token": token + 1}]
+        token = int.from_bytes(raw[:8], "little")
+        values[0] = {**unpack(job, token, values[0]), "token": token + 1}
+    elif damage == "not a job name":
+        runs[0] = [7, raw, values]
+    elif damage == "tokens and runs disagree":
+        runs[0] = [job, raw[:8], values]
+    elif damage == "an index naming no job":
+        toks, ords = index[0]
+        index[0] = [toks, ords[:-4] + (99).to_bytes(4, "little")]
+    elif damage == "an index missing a run":
+        toks, ords = index[0]
+        index[0] = [toks[:-8], ords[:-4]]
     else:
-        runs[0] = [7, token, value]
+        toks, ords = index[0]
+        index[0] = [toks[8:16] + toks[:8] + toks[16:], ords[4:8] + ords[:4] + ords[8:]]
     target = _filled(3, 1)
     before = target.snapshot_bytes()
     with pytest.raises(CodecError, match="bad run record"):
         target.restore(b"".join(pack_chunk(c) for c in chunks))
     assert target.snapshot_bytes() == before
+
+
+def test_a_job_with_more_runs_than_a_chunk_is_split_and_joined_again() -> None:
+    s = _filled(2, 1)
+    table = RunTable()
+    for name in s.jobs:  # the jobs the snapshot lists first (with no runs here)
+        table.add_job(name)
+    for k in range(4500):
+        table[run_id_of((1 << 16) + k)] = record((1 << 16) + k, job="many")
+    table[run_id_of(1 << 20)] = record(1 << 20, job="other", status="running")
+    s.runs = table
+    data = s.snapshot_bytes()
+    back = State()
+    back.restore(data)
+    assert back.runs == table and back.snapshot_bytes() == data
+    assert back.runs._live == table._live and back.runs.status_counts() == table.status_counts()
 
 
 def test_field_order_is_the_ledgers() -> None:
