@@ -164,6 +164,11 @@ def _empty() -> Pair:
     return (array("q"), [])
 
 
+_NONE: Pair = _empty()
+"""What a job with no runs holds: one pair for all of them (~180 bytes a job otherwise),
+never extended (``__setitem__`` and ``load_jobs`` give the job a pair of its own first)."""
+
+
 def _wire(values: array[int]) -> bytes:
     """An array as a snapshot holds it: little-endian whatever this machine's order."""
     if sys.byteorder == "big":
@@ -303,7 +308,7 @@ class RunTable:
         """A job the table lists (empty) from its creation, in the order jobs are created."""
         job = sys.intern(job)
         if job not in self._jobs:
-            self._jobs[job] = _empty()
+            self._jobs[job] = _NONE
 
     def __setitem__(self, rid: str, run: RunRecord) -> None:
         token = run["token"]
@@ -315,7 +320,7 @@ class RunTable:
         packed = pack(run)
         value: Any = run if packed is None else packed
         pair = self._jobs.get(job)
-        if pair is None:
+        if pair is None or pair is _NONE:
             pair = self._jobs[job] = _empty()
         tokens, values = pair
         if tokens and tokens[-1] >= token:
@@ -438,8 +443,11 @@ class RunTable:
                 raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
             job = sys.intern(job)
             tokens = _unwire("q", raw)
+            if not values:
+                self.add_job(job)
+                continue
             pair = self._jobs.get(job)
-            if pair is None:
+            if pair is None or pair is _NONE:
                 pair = self._jobs[job] = _empty()
             last = pair[0][-1] if pair[0] else -1
             for token, value in zip(tokens, values, strict=True):
