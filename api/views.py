@@ -59,8 +59,7 @@ def job_view(state: State, name: str, now_us: int, *, masked: bool = False) -> d
     rec = state.jobs.get(name)
     if rec is None:
         return None
-    ids = state.job_runs.get(name) or []
-    last = state.runs.get(ids[-1]) if ids else None
+    last = next(state.runs.newest_of(name), None)
     error = None
     try:
         slots = [format_instant(s) for s in next_slots(state, name, now_us)]

@@ -119,9 +119,8 @@ def _duration_check(state: Store, run: RunRecord, at_us: int) -> None:
         return
     took = run["finished_us"] - run["started_us"]
     past = []
-    for rid in reversed(state.job_runs.get(run["job"], [])):
-        r = state.runs.get(rid)
-        if (r is None or r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None
+    for r in state.runs.newest_of(run["job"]):
+        if (r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None
                 or r["finished_us"] is None):  # a success always has both; the check is for mypy
             continue
         past.append(r["finished_us"] - r["started_us"])

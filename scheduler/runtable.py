@@ -289,6 +289,16 @@ class RunTable:
         return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v)
                 for t, v in zip(pair[0], pair[1], strict=False)]
 
+    def newest_of(self, job: str) -> Iterator[RunRecord]:
+        """The job's records newest first, each unpacked only when asked for."""
+        pair = self._copy(job)
+        if pair is None:
+            return
+        tokens, values = pair
+        for i in range(len(values) - 1, -1, -1):
+            value = values[i]
+            yield unpack(job, tokens[i], value) if type(value) is bytes else cast(RunRecord, value)
+
     def status_counts(self) -> dict[str, int]:
         return dict(self._statuses)
 

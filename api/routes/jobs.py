@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -98,9 +99,8 @@ async def _list(request: web.Request, args: dict[str, Any]) -> web.Response:
 
 def last_outcome(state: State, name: str) -> RunRecord | None:
     """The newest run of ``name`` that is not only claimed ahead (the dashboard's "last outcome")."""
-    for rid in reversed(state.job_runs.get(name) or ()):
-        run = state.runs.get(rid)
-        if run is not None and run["status"] != "claimed":
+    for run in state.runs.newest_of(name):
+        if run["status"] != "claimed":
             return run
     return None
 
@@ -108,10 +108,8 @@ def last_outcome(state: State, name: str) -> RunRecord | None:
 def recent_runs(state: State, name: str) -> list[dict[str, Any]]:
     """The newest ``RECENT`` runs, newest first, with what a strip of boxes shows of each."""
     out = []
-    for rid in reversed((state.job_runs.get(name) or [])[-RECENT:]):
-        run = state.runs.get(rid)
-        if run is None:
-            continue
+    for run in itertools.islice(state.runs.newest_of(name), RECENT):
+        rid = run["id"]
         started, finished = run["started_us"], run["finished_us"]
         out.append({"id": rid, "slot": iso(run["slot_us"]), "status": run["status"], "attempt": run["attempt"],
                     "node": run["node"], "trigger": run["trigger"],
@@ -126,9 +124,8 @@ def _sort_key(state: State, sort: str, name: str, now: int) -> list[Any]:
     if sort == "failures":
         return [-int(rec["consecutive_failures"]), name]
     if sort == "last_failure":
-        for rid in reversed(state.job_runs.get(name) or ()):
-            run = state.runs.get(rid)
-            if run is not None and run["status"] in FAILURES:
+        for run in state.runs.newest_of(name):
+            if run["status"] in FAILURES:
                 return [0, -(run["finished_us"] or run["slot_us"]), name]
         return [1, 0, name]
     known, slot = known_next_slot(rec)

@@ -156,6 +156,7 @@ def _agrees(table: RunTable, model: dict[str, RunRecord], jobs: list[str], rng: 
         listed = [rid for rid in ordered if model[rid]["job"] == job]
         assert (table.ids_of(job) or []) == listed and table.count_of(job) == len(listed)
         assert table.records_of(job) == [model[rid] for rid in listed]
+        assert list(table.newest_of(job)) == [model[rid] for rid in reversed(listed)]
     counts: dict[str, int] = {}
     for r in model.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
