@@ -36,7 +36,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from .runs import RunRecord
+from .runs import RunRecord, RunStatus
 from .sections import AlertEvent
 from .store import Store
 
@@ -114,12 +114,15 @@ def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int) -
     return rec
 
 
+_SUCCEEDED = frozenset({RunStatus.SUCCEEDED.value})
+
+
 def _duration_check(state: Store, run: RunRecord, at_us: int) -> None:
     if run["started_us"] is None or run["finished_us"] is None:
         return
     took = run["finished_us"] - run["started_us"]
     past = []
-    for r in state.runs.newest_of(run["job"]):
+    for r in state.runs.newest_of(run["job"], statuses=_SUCCEEDED):
         if (r["id"] == run["id"] or r["status"] != "succeeded" or r["started_us"] is None
                 or r["finished_us"] is None):  # a success always has both; the check is for mypy
             continue

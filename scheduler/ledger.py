@@ -195,7 +195,7 @@ def _admissible(state: Store, c: Claim, fanned: set[tuple[str, Any]], planned_us
             return "a manual run needs a request key"
         if ("manual", c.request_key) in fanned:
             return None  # target.count > 1: the same request fanned out in this entry
-        if any(state.runs[r]["cause"] == c.request_key for r in state.job_runs.get(c.job, ())):
+        if any(r["cause"] == c.request_key for r in state.runs.newest_of(c.job, caused=True)):
             return "this manual request was already recorded"
         return None
     if c.trigger == "dependency":
@@ -465,19 +465,16 @@ def expire_history(state: Store, job_name: str, cutoff_us: int) -> int:
     Oldest first, up to the first record that ended at or after the cutoff: a sweep costs
     the records it drops, not the job's whole history. Attempts in flight and dead letters
     are kept (and passed over) whatever their age. Returns how many records went."""
-    ids = state.job_runs.get(job_name)
-    if not ids:
-        return 0
-    dropped = 0
-    for rid in ids:
+    doomed: list[int] = []
+    for token in state.runs.tokens_of(job_name):
+        rid = run_id_of(token)
         if rid in state.active or rid in state.dead:
             continue
         run = state.runs.get(rid)
         if run is not None and _ended_us(run) >= cutoff_us:
             break
-        state.runs.discard(rid)
-        dropped += 1
-    return dropped
+        doomed.append(token)
+    return state.runs.remove(job_name, doomed)  # in one step, however many
 
 
 def _ended_us(run: RunRecord) -> int:
@@ -493,14 +490,15 @@ def trim(state: Store, job_name: str) -> None:
     excess = state.runs.count_of(job_name) - keep
     if excess <= 0:
         return
-    ids = state.job_runs.get(job_name, [])
-    # Oldest first; live attempts and dead letters are passed over.
-    for rid in ids:
-        if excess <= 0:
-            return
+    # Oldest first; live attempts and dead letters are passed over; removed in one step.
+    doomed: list[int] = []
+    for token in state.runs.tokens_of(job_name):
+        if len(doomed) >= excess:
+            break
+        rid = run_id_of(token)
         if rid not in state.active and rid not in state.dead:
-            state.runs.discard(rid)
-            excess -= 1
+            doomed.append(token)
+    state.runs.remove(job_name, doomed)
 
 
 def _cap(text: str) -> str:

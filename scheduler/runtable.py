@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import re
 import sys
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast, get_args
@@ -66,7 +67,14 @@ def _ref(rid: Any) -> Any:
     if rid is None:
         return None
     token = token_of_id(rid)
-    return rid if token is None else token
+    return rid if token is None or token >= _TOKEN_END else token
+
+
+_TOKEN_END = 1 << 63
+_CAUSE = 0x80
+"""Set in a packed record's second byte when its ``cause`` is not None."""
+_NO_CODE = 0x7F
+"""A packed record's second byte (less ``_CAUSE``) for a trigger without a code."""
 
 
 def pack(run: RunRecord) -> bytes | None:
@@ -102,11 +110,18 @@ def pack(run: RunRecord) -> bytes | None:
     ]
     if len(keys) > _N:
         body.append({k: rec[k] for k in keys[_N:]})
-    return bytes((_STATUS_CODE[status],)) + msgpack.packb(body, use_bin_type=True)
+    try:
+        packed = msgpack.packb(body, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError):
+        return None  # a value msgpack cannot hold (an int past 64 bits): kept as it is
+    # Two bytes ahead of the values, read without unpacking: the status, and the trigger
+    # with whether the record names a cause (what the readers that filter runs ask first).
+    second = _TRIGGER_CODE.get(trigger, _NO_CODE) | (_CAUSE if run["cause"] is not None else 0)
+    return bytes((_STATUS_CODE[status], second)) + packed
 
 
 def unpack(job: str, token: int, data: bytes) -> RunRecord:
-    v = msgpack.unpackb(data[1:], raw=False, use_list=True, strict_map_key=False)
+    v = msgpack.unpackb(data[2:], raw=False, use_list=True, strict_map_key=False)
     slot = v[0]
     trigger, retry_of, nxt, outcome = v[2], v[14], v[15], v[18]
     rec: dict[str, Any] = {
@@ -133,6 +148,15 @@ def unpack(job: str, token: int, data: bytes) -> RunRecord:
 
 def _status_of(value: RunRecord | bytes) -> str:
     return RUN_STATUSES[value[0]] if type(value) is bytes else cast(RunRecord, value)["status"]
+
+
+def _wanted(value: RunRecord | bytes, statuses: frozenset[str] | None, caused: bool) -> bool:
+    """Whether a record may be one a reader filters for, read from a packed record's first
+    two bytes (``statuses``: its status is one of them; ``caused``: it names a cause)."""
+    if type(value) is bytes:
+        return (statuses is None or RUN_STATUSES[value[0]] in statuses) and (not caused or value[1] & _CAUSE != 0)
+    run = cast(RunRecord, value)
+    return (statuses is None or run["status"] in statuses) and (not caused or run["cause"] is not None)
 
 
 class _Index:
@@ -167,6 +191,15 @@ def _empty() -> Pair:
 _NONE: Pair = _empty()
 """What a job with no runs holds: one pair for all of them (~180 bytes a job otherwise),
 never extended (``__setitem__`` and ``load_jobs`` give the job a pair of its own first)."""
+
+
+def _crc(raw: bytes, values: list[Any]) -> int:
+    """CRC-32 of a job's tokens and its packed values, as a version-3 snapshot lists them."""
+    return zlib.crc32(b"".join(v for v in values if type(v) is bytes), zlib.crc32(raw))
+
+
+_SECOND = frozenset({*range(len(_TRIGGERS)), _NO_CODE})
+"""What a packed record's second byte may hold, less ``_CAUSE``."""
 
 
 def _wire(values: array[int]) -> bytes:
@@ -268,8 +301,13 @@ class RunTable:
         pair = self._jobs.get(job)
         if pair is None:
             return None
-        values = list(pair[1])
-        return array("q", pair[0][: len(values)]), values
+        tokens = array("q", pair[0])  # first: an append extends the values first
+        return tokens, pair[1][: len(tokens)]
+
+    def tokens_of(self, job: str) -> array[int]:
+        """The job's tokens in order (a copy)."""
+        pair = self._jobs.get(job)
+        return array("q") if pair is None else array("q", pair[0])
 
     def ids_of(self, job: str) -> list[str] | None:
         """The job's run ids in claim order; None for a job the table does not hold."""
@@ -289,15 +327,18 @@ class RunTable:
         return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v)
                 for t, v in zip(pair[0], pair[1], strict=False)]
 
-    def newest_of(self, job: str) -> Iterator[RunRecord]:
-        """The job's records newest first, each unpacked only when asked for."""
+    def newest_of(self, job: str, statuses: frozenset[str] | None = None, caused: bool = False) -> Iterator[RunRecord]:
+        """The job's records newest first, each unpacked only when asked for; only those whose
+        status is one of ``statuses`` (None: any), and with ``caused`` only those naming a cause
+        (both told from a packed record's first bytes, without unpacking it)."""
         pair = self._copy(job)
         if pair is None:
             return
         tokens, values = pair
-        for i in range(len(values) - 1, -1, -1):
+        for i in range(len(tokens) - 1, -1, -1):
             value = values[i]
-            yield unpack(job, tokens[i], value) if type(value) is bytes else cast(RunRecord, value)
+            if _wanted(value, statuses, caused):
+                yield unpack(job, tokens[i], value) if type(value) is bytes else cast(RunRecord, value)
 
     def status_counts(self) -> dict[str, int]:
         return dict(self._statuses)
@@ -357,20 +398,42 @@ class RunTable:
         """Remove the record ``rid`` if it is held; whether it was."""
         token = token_of_id(rid)
         job = None if token is None else self._index.owner(token)
-        pair = None if job is None else self._jobs.get(job)
-        if pair is None or job is None or token is None:
-            return False
+        return job is not None and token is not None and self.remove(job, [token]) == 1
+
+    def remove(self, job: str, doomed: Iterable[int]) -> int:
+        """Remove these records of ``job`` (by token) in one step: the job's pair is made again
+        once, not once a record (history trimmed by 1,000 runs of a job keeping 10,000).
+        Returns how many it held."""
+        pair = self._jobs.get(job)
+        gone = set(doomed)
+        if pair is None or not gone:
+            return 0
         tokens, values = pair
-        i = bisect.bisect_left(tokens, token)
-        if i >= len(tokens) or tokens[i] != token:
-            return False
-        value = values[i]
-        self._jobs[job] = (tokens[:i] + tokens[i + 1:], values[:i] + values[i + 1:])
-        self._live.pop(rid, None)
-        self._count(_status_of(value), -1)
-        self._len -= 1
-        self._forget(token)
-        return True
+        at = []
+        for t in gone:
+            i = bisect.bisect_left(tokens, t)
+            if i < len(tokens) and tokens[i] == t:
+                at.append(i)
+        if not at:
+            return 0
+        at.sort()
+        dropped = [(tokens[i], values[i]) for i in at]
+        if at[-1] == len(at) - 1:  # the oldest went (trims): two slices
+            self._jobs[job] = (tokens[len(at):], values[len(at):])
+        else:
+            new_tokens, new_values, prev = array("q"), [], 0
+            for i in [*at, len(tokens)]:
+                new_tokens.extend(tokens[prev:i])
+                new_values.extend(values[prev:i])
+                prev = i + 1
+            self._jobs[job] = (new_tokens, new_values)
+        for token, value in dropped:
+            if type(value) is not bytes:
+                self._live.pop(run_id_of(token), None)
+            self._count(_status_of(value), -1)
+            self._forget(token)
+        self._len -= len(dropped)
+        return len(dropped)
 
     def pop(self, rid: str) -> RunRecord | None:
         run = self.get(rid)
@@ -441,39 +504,52 @@ class RunTable:
             self[rid] = run
 
     def load_jobs(self, items: Iterable[Any]) -> None:
-        """Version 3: each job's records as ``(job, tokens, values)`` (``Captured.by_job``), tokens
-        as the bytes of a signed 64-bit little-endian array. Values are checked for
-        their status code only, and unpacked when read. ``load_index`` then lists their jobs."""
+        """Version 3: each job's records as ``(job, tokens, values, crc)`` (``Captured.by_job``),
+        tokens as the bytes of a signed 64-bit little-endian array, ``crc`` the CRC-32 of those
+        bytes and of the packed values (a flipped bit in a value would otherwise show only when
+        it is read). A packed value is checked for its two leading bytes, and unpacked when read;
+        ``load_index`` then lists the jobs of the tokens."""
         for item in items:
-            job, raw, values = item
-            if type(job) is not str or type(raw) is not bytes or type(values) is not list:
+            if len(item) != 4:
+                raise ValueError("a job's runs are not listed as job, tokens, values and checksum")
+            job, raw, values, crc = item
+            if type(job) is not str or type(raw) is not bytes or type(values) is not list or type(crc) is not int:
                 raise ValueError(f"a job's runs are listed as {type(job).__name__}, {type(raw).__name__}, "
-                                 f"{type(values).__name__}")
+                                 f"{type(values).__name__}, {type(crc).__name__}")
             if len(raw) % 8 or len(raw) // 8 != len(values):
                 raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
+            if _crc(raw, values) != crc:
+                raise ValueError(f"the runs of job {job!r} fail their checksum")
             job = sys.intern(job)
-            tokens = _unwire("q", raw)
             if not values:
                 self.add_job(job)
                 continue
+            tokens = _unwire("q", raw)
             pair = self._jobs.get(job)
             if pair is None or pair is _NONE:
                 pair = self._jobs[job] = _empty()
             last = pair[0][-1] if pair[0] else -1
-            for token, value in zip(tokens, values, strict=True):
+            for k, (token, value) in enumerate(zip(tokens, values, strict=True)):
                 if token <= last:
                     raise ValueError(f"job {job!r} lists run {run_id_of(token)} out of order")
                 last = token
                 if type(value) is bytes:
-                    if len(value) < 2 or value[0] >= len(RUN_STATUSES):
-                        raise ValueError(f"run {run_id_of(token)} is packed with an unknown status code")
+                    if len(value) < 3 or value[0] >= len(RUN_STATUSES) or RUN_STATUSES[value[0]] in _UNPACKED \
+                            or (value[1] & ~_CAUSE) not in _SECOND:
+                        raise ValueError(f"run {run_id_of(token)} is packed with an unknown status or trigger")
                     self._count(RUN_STATUSES[value[0]], 1)
-                elif isinstance(value, dict) and value.get("token") == token and value.get("job") == job \
-                        and pack(cast(RunRecord, value)) is None and value.get("status") in _STATUS_CODE:
-                    self._live[run_id_of(token)] = cast(RunRecord, value)
-                    self._count(value["status"], 1)
+                    continue
+                rid = run_id_of(token)
+                if not isinstance(value, dict) or value.get("token") != token or value.get("job") != job \
+                        or value.get("id") != rid or value.get("status") not in _STATUS_CODE:
+                    raise ValueError(f"run {rid} of job {job!r} is neither packed nor its record")
+                run = cast(RunRecord, value)
+                packed = pack(run)
+                if packed is not None:  # kept as a dict by the node that wrote it, packable here
+                    values[k] = packed
                 else:
-                    raise ValueError(f"run {run_id_of(token)} of job {job!r} is neither packed nor its record")
+                    self._live[rid] = run
+                self._count(run["status"], 1)
             pair[1].extend(values)
             pair[0].extend(tokens)
             self._len += len(values)
@@ -494,20 +570,21 @@ class RunTable:
             index.tokens.extend(tokens)
 
     def check(self) -> None:
-        """After ``load_jobs`` and ``load_index``: the index lists every record once, in order."""
-        tokens = self._index.tokens
+        """After ``load_jobs`` and ``load_index``: the index lists every record once, in order,
+        under its job (in strict order and as long as the records, with every record found
+        under its own job, it is one-to-one)."""
+        index = self._index
+        tokens, owners = index.tokens, index.owners
         if len(tokens) != self._len:
             raise ValueError(f"the run index lists {len(tokens)} runs for {self._len} records")
         if any(a >= b for a, b in zip(tokens, tokens[1:], strict=False)):
             raise ValueError("the run index is out of order")
-        counts: dict[str, int] = {}
-        for job in self._index.owners:
-            if job is not None:
-                counts[job] = counts.get(job, 0) + 1
-        for job, pair in self._jobs.items():
-            if counts.get(job, 0) != len(pair[0]):
-                raise ValueError(f"the run index lists {counts.get(job, 0)} runs of job {job!r}, which holds "
-                                 f"{len(pair[0])}")
+        find = bisect.bisect_left
+        for job, (held, _) in self._jobs.items():
+            for token in held:
+                i = find(tokens, token)
+                if i >= len(tokens) or tokens[i] != token or owners[i] != job:
+                    raise ValueError(f"the run index does not list run {run_id_of(token)} under job {job!r}")
 
 
 class Captured:
@@ -553,10 +630,11 @@ class Captured:
         held = 0
         for job, (tokens, values) in self._jobs.items():
             if not values:
-                chunk.append((job, b"", []))
+                chunk.append((job, b"", [], _crc(b"", [])))
             for start in range(0, len(values), per_chunk):
                 part = values[start:start + per_chunk]
-                chunk.append((job, _wire(tokens[start:start + per_chunk]), part))
+                raw = _wire(tokens[start:start + per_chunk])
+                chunk.append((job, raw, part, _crc(raw, part)))
                 held += len(part)
                 if held >= per_chunk:
                     yield chunk

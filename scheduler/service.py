@@ -275,7 +275,8 @@ class Service:
         return str(runs[0]["id"])
 
     def _job_runs(self, name: str) -> list[RunRecord]:
-        return self.state.runs.records_of(name)
+        """The job's runs that name a cause (manual runs among them), oldest first."""
+        return list(reversed(list(self.state.runs.newest_of(name, caused=True))))
 
     async def cancel(self, run_id: str) -> RunRecord:
         result, retried = await self.propose(CancelRun(at_us=self.cluster_now_us(), run_id=run_id))

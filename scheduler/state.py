@@ -492,12 +492,12 @@ class State(Store):
                         fresh.runs.load(items)
                     elif name == "runs":
                         for item in items:  # each job in order, once (a job split over chunks: at their seam)
-                            if isinstance(item, tuple) and item and (not listed or listed[-1] != item[0]):
+                            if isinstance(item, tuple) and item and type(item[0]) is str and (not listed or listed[-1] != item[0]):
                                 listed.append(sys.intern(item[0]))
                         fresh.runs.load_jobs(items)
                     else:
                         fresh.runs.load_index(items, listed)
-                except (ValueError, TypeError, KeyError) as exc:
+                except (ValueError, TypeError, KeyError, OverflowError) as exc:
                     raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
             elif name == "job_runs":
                 for job, ids in items:  # derived from the runs: checked, not loaded

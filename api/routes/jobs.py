@@ -124,7 +124,7 @@ def _sort_key(state: State, sort: str, name: str, now: int) -> list[Any]:
     if sort == "failures":
         return [-int(rec["consecutive_failures"]), name]
     if sort == "last_failure":
-        for run in state.runs.newest_of(name):
+        for run in state.runs.newest_of(name, statuses=FAILURES):
             if run["status"] in FAILURES:
                 return [0, -(run["finished_us"] or run["slot_us"]), name]
         return [1, 0, name]

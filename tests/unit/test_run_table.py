@@ -15,7 +15,7 @@ from raftlog.codec import CodecError
 from raftlog.fsm import ApplyContext
 from scheduler.commands import Claim, ClaimSlots, FinishRuns, PutJobs, RegisterNode, StartRuns, encode_command
 from scheduler.runs import RUN_STATUSES, RunRecord
-from scheduler.runtable import _NONE, FIELDS, RunTable, pack, run_id_of, token_of_id, unpack
+from scheduler.runtable import _NONE, FIELDS, RunTable, _crc, pack, run_id_of, token_of_id, unpack
 from scheduler.state import State
 from tests.unit.conftest import SEC, T0
 
@@ -48,6 +48,7 @@ VARIANTS: list[dict[str, Any]] = [
     {"status": "dead", "dead_deleted": True},
     {"status": "failed", "late_result": {"status": "succeeded", "finished_us": T0}},
     {"status": "failed", "late_result": {"status": None, "finished_us": None}, "dead_deleted": True},
+    {"status": "dead", "retry_of": "r" + "f" * 20, "next": "r" + "8" + "0" * 15},  # ids past 63 bits stay text
 ]
 
 
@@ -73,7 +74,7 @@ def test_extra_keys_keep_the_order_they_were_added_in() -> None:
 
 @pytest.mark.parametrize("why", ["claimed", "running", "keys in another order", "a key missing", "an instant not an int",
                                  "an id not of its token", "an int where an id goes", "an int outcome",
-                                 "an unknown status"])
+                                 "an unknown status", "an int msgpack cannot hold"])
 def test_a_record_packing_would_not_give_back_is_kept_as_it_is(why: str) -> None:
     run: dict[str, Any] = dict(record(9))
     if why in ("claimed", "running"):
@@ -90,6 +91,8 @@ def test_a_record_packing_would_not_give_back_is_kept_as_it_is(why: str) -> None
         run["retry_of"] = 12
     elif why == "an int outcome":
         run["outcome"] = 3
+    elif why == "an int msgpack cannot hold":
+        run["finished_us"] = run["slot_us"] + (1 << 64)  # a node's report is not range-checked
     else:
         run["status"] = "paused"
     assert pack(cast(RunRecord, run)) is None
@@ -119,7 +122,8 @@ def test_the_table_answers_as_a_dict_of_records_would_through_random_changes() -
         if op < 0.45 or not model:
             token += rng.randint(1, 3)
             job = rng.choice(jobs)
-            run = record(token, job=job, status=rng.choice(RUN_STATUSES))
+            run = record(token, job=job, status=rng.choice(RUN_STATUSES),
+                         cause=rng.choice([None, None, f"key-{token}"]))
             table[run["id"]] = run
             model[run["id"]] = run
         elif op < 0.7:
@@ -157,6 +161,9 @@ def _agrees(table: RunTable, model: dict[str, RunRecord], jobs: list[str], rng: 
         assert (table.ids_of(job) or []) == listed and table.count_of(job) == len(listed)
         assert table.records_of(job) == [model[rid] for rid in listed]
         assert list(table.newest_of(job)) == [model[rid] for rid in reversed(listed)]
+        some = frozenset(rng.sample(RUN_STATUSES, 3))
+        assert list(table.newest_of(job, statuses=some, caused=True)) == [
+            model[rid] for rid in reversed(listed) if model[rid]["status"] in some and model[rid]["cause"] is not None]
     counts: dict[str, int] = {}
     for r in model.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -165,6 +172,19 @@ def _agrees(table: RunTable, model: dict[str, RunRecord], jobs: list[str], rng: 
         cut = model[rng.choice(ordered)]["token"]
         assert list(table.newest(cut)) == [rid for rid in reversed(ordered) if model[rid]["token"] < cut]
     assert list(table.newest()) == list(reversed(ordered))
+
+
+def test_a_reader_between_the_two_appends_of_a_new_record_reads_the_job_without_it() -> None:
+    # The writer extends a job's values, then its tokens: a reader on another thread may run in
+    # between (seen on a cold interpreter) and must neither fail nor read the half-added record.
+    table = RunTable()
+    for t in (1 << 16, (1 << 16) + 1):
+        table[run_id_of(t)] = record(t)
+    tokens, values = table._jobs["ping"]
+    values.append(pack(record((1 << 16) + 2)))  # the first of the two appends, alone
+    assert len(table.records_of("ping")) == 2 and len(list(table.newest_of("ping"))) == 2
+    assert table.ids_of("ping") == [run_id_of(1 << 16), run_id_of((1 << 16) + 1)]
+    assert table.count_of("ping") == 2 and table.get(run_id_of((1 << 16) + 2)) is None
 
 
 def test_a_reader_on_another_thread_never_sees_a_record_under_another_id() -> None:
@@ -263,7 +283,9 @@ def test_version_3_snapshots_keep_packed_records_as_they_are() -> None:
 
 @pytest.mark.parametrize("damage", ["unknown status code", "a job listed twice", "neither packed nor a record",
                                     "a record under another token", "not a job name", "tokens and runs disagree",
-                                    "an index naming no job", "an index missing a run", "an index out of order"])
+                                    "an index naming no job", "an index missing a run", "an index out of order",
+                                    "a flipped bit", "a packed claim", "a record under another id",
+                                    "a token past 64 bits", "a run under two jobs"])
 def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: str) -> None:
     import msgpack
 
@@ -274,20 +296,35 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
     chunks = list(unpacker)
     runs = next(c for c in chunks if c[0] == "runs")[1]
     index = next(c for c in chunks if c[0] == "runs_index")[1]
-    job, raw, values = runs[0]
+    job, raw, values, crc = runs[0]
     if damage == "unknown status code":
         values[0] = bytes((200,)) + values[0][1:]
+        runs[0] = [job, raw, values, _crc(raw, values)]
     elif damage == "a job listed twice":
         runs.append(runs[0])
     elif damage == "neither packed nor a record":
         values[1] = "text"
+    elif damage == "a flipped bit":
+        values[1] = values[1][:-1] + bytes((values[1][-1] ^ 4,))
+    elif damage == "a packed claim":
+        values[0] = bytes((RUN_STATUSES.index("claimed"),)) + values[0][1:]
+        runs[0] = [job, raw, values, _crc(raw, values)]
+    elif damage == "a record under another id":
+        token = int.from_bytes(raw[:8], "little")
+        values[0] = {**unpack(job, token, values[0]), "status": "running", "id": run_id_of(token + 1)}
+    elif damage == "a token past 64 bits":
+        index[0] = [index[0][0][:-8] + b"\xff" * 8, index[0][1]]
+    elif damage == "a run under two jobs":
+        job2, raw2, values2, _ = runs[1]
+        raw2 = raw[:8] + raw2[8:]
+        runs[1] = [job2, raw2, values2, _crc(raw2, values2)]
     elif damage == "a record under another token":
         token = int.from_bytes(raw[:8], "little")
         values[0] = {**unpack(job, token, values[0]), "token": token + 1}
     elif damage == "not a job name":
-        runs[0] = [7, raw, values]
+        runs[0] = [7, raw, values, crc]
     elif damage == "tokens and runs disagree":
-        runs[0] = [job, raw[:8], values]
+        runs[0] = [job, raw[:8], values, crc]
     elif damage == "an index naming no job":
         toks, ords = index[0]
         index[0] = [toks, ords[:-4] + (99).to_bytes(4, "little")]
