@@ -194,9 +194,15 @@ _NONE: Pair = _empty()
 never extended (``__setitem__`` and ``load_jobs`` give the job a pair of its own first)."""
 
 
-def _crc(raw: bytes, values: list[Any]) -> int:
-    """CRC-32 of a job's tokens and its packed values, as a version-3 snapshot lists them."""
-    return zlib.crc32(b"".join(v for v in values if type(v) is bytes), zlib.crc32(raw))
+def _crc(job: str, raw: bytes, values: list[Any]) -> int:
+    """CRC-32 of a job's name, tokens and values as a version-3 snapshot lists them (a record
+    kept as a dict, by its msgpack form: one node packs it, another unpacks and packs it again)."""
+    crc = zlib.crc32(raw, zlib.crc32(job.encode("utf-8", "surrogatepass")))
+    crc = zlib.crc32(b"".join(v for v in values if type(v) is bytes), crc)
+    for v in values:
+        if type(v) is not bytes:
+            crc = zlib.crc32(msgpack.packb(v, use_bin_type=True), crc)
+    return crc
 
 
 _SECOND = frozenset({*range(len(_TRIGGERS)), _NO_CODE})
@@ -506,9 +512,9 @@ class RunTable:
 
     def load_jobs(self, items: Iterable[Any]) -> None:
         """Version 3: each job's records as ``(job, tokens, values, crc)`` (``Captured.by_job``),
-        tokens as the bytes of a signed 64-bit little-endian array, ``crc`` the CRC-32 of those
-        bytes and of the packed values (a flipped bit in a value would otherwise show only when
-        it is read). A packed value is checked for its two leading bytes, and unpacked when read;
+        tokens as the bytes of a signed 64-bit little-endian array, ``crc`` the CRC-32 of the
+        name, those bytes and the values (``_crc``: a flipped bit in a packed value would
+        otherwise show only when it is read, and one in a name would move runs to another job). A packed value is checked for its two leading bytes, and unpacked when read;
         ``load_index`` then lists the jobs of the tokens."""
         for item in items:
             if len(item) != 4:
@@ -519,7 +525,7 @@ class RunTable:
                                  f"{type(values).__name__}, {type(crc).__name__}")
             if len(raw) % 8 or len(raw) // 8 != len(values):
                 raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
-            if _crc(raw, values) != crc:
+            if _crc(job, raw, values) != crc:
                 raise ValueError(f"the runs of job {job!r} fail their checksum")
             job = sys.intern(job)
             if not values:
@@ -645,11 +651,11 @@ class Captured:
         held = 0
         for job, (tokens, values) in self._jobs.items():
             if not values:
-                chunk.append((job, b"", [], _crc(b"", [])))
+                chunk.append((job, b"", [], _crc(job, b"", [])))
             for start in range(0, len(values), per_chunk):
                 part = values[start:start + per_chunk]
                 raw = _wire(tokens[start:start + per_chunk])
-                chunk.append((job, raw, part, _crc(raw, part)))
+                chunk.append((job, raw, part, _crc(job, raw, part)))
                 held += len(part)
                 if held >= per_chunk:
                     yield chunk

@@ -61,8 +61,9 @@ SNAPSHOT_VERSION = 3
 ``http``, ``labels``, ``retries``, ...) are each written once per snapshot and referenced by
 every job that holds an equal one, and a restore shares them again (``_SharedSections``).
 3: run records as the run table keeps them (``scheduler.runtable``: a record that is over as
-its packed bytes, which a restore keeps as they are), each as ``(job, token, value)``, and no
-``job_runs`` section (the table lists each job's runs itself)."""
+its packed bytes, which a restore keeps as they are): a ``runs`` section of ``(job, tokens,
+values, crc)``, every job in order, and a ``runs_index`` section of ``(tokens, job numbers)``,
+and no ``job_runs`` section (the table lists each job's runs itself)."""
 SNAPSHOT_VERSIONS = (1, 2, 3)
 """What this build restores; ``State(snapshot_version=N)`` writes what a release that reads
 only N and before reads (``raftcron agent --snapshot-format N``, for a rolling upgrade from

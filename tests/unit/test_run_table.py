@@ -291,12 +291,17 @@ def test_version_3_snapshots_keep_packed_records_as_they_are() -> None:
                                     "a record under another token", "not a job name", "tokens and runs disagree",
                                     "an index naming no job", "an index missing a run", "an index out of order",
                                     "a flipped bit", "a packed claim", "a record under another id",
-                                    "a token past 64 bits", "a run under two jobs"])
+                                    "a token past 64 bits", "a run under two jobs", "a job's name changed",
+                                    "a live record changed"])
 def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: str) -> None:
     import msgpack
 
     from raftlog.codec import pack as pack_chunk
     s = _filled(5, 2)
+    slot = T0 + 10 * 60 * SEC  # and one attempt in flight, a record kept as a dict
+    s.apply(encode_command(ClaimSlots(at_us=slot - 2 * SEC, leader="n1", term=1, claims=(
+        Claim(job="job-00003", slot_us=slot, trigger="schedule", node="n1"),))), ApplyContext(s.applied_index + 1))
+    assert s.runs._live
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=msgpack.ExtType, max_buffer_size=0)
     unpacker.feed(s.snapshot_bytes())
     chunks = list(unpacker)
@@ -305,16 +310,22 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
     job, raw, values, crc = runs[0]
     if damage == "unknown status code":
         values[0] = bytes((200,)) + values[0][1:]
-        runs[0] = [job, raw, values, _crc(raw, values)]
+        runs[0] = [job, raw, values, _crc(job, raw, values)]
     elif damage == "a job listed twice":
         runs.append(runs[0])
     elif damage == "neither packed nor a record":
         values[1] = "text"
+    elif damage == "a job's name changed":
+        runs[0] = [job[:-1] + "x", raw, values, crc]
+    elif damage == "a live record changed":
+        live = next(r for r in runs if any(type(v) is dict for v in r[2]))
+        k = next(k for k, v in enumerate(live[2]) if type(v) is dict)
+        live[2][k] = {**live[2][k], "node": "n9"}
     elif damage == "a flipped bit":
         values[1] = values[1][:-1] + bytes((values[1][-1] ^ 4,))
     elif damage == "a packed claim":
         values[0] = bytes((RUN_STATUSES.index("claimed"),)) + values[0][1:]
-        runs[0] = [job, raw, values, _crc(raw, values)]
+        runs[0] = [job, raw, values, _crc(job, raw, values)]
     elif damage == "a record under another id":
         token = int.from_bytes(raw[:8], "little")
         values[0] = {**unpack(job, token, values[0]), "status": "running", "id": run_id_of(token + 1)}
@@ -323,7 +334,7 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
     elif damage == "a run under two jobs":
         job2, raw2, values2, _ = runs[1]
         raw2 = raw[:8] + raw2[8:]
-        runs[1] = [job2, raw2, values2, _crc(raw2, values2)]
+        runs[1] = [job2, raw2, values2, _crc(job2, raw2, values2)]
     elif damage == "a record under another token":
         token = int.from_bytes(raw[:8], "little")
         values[0] = {**unpack(job, token, values[0]), "token": token + 1}
