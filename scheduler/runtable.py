@@ -33,7 +33,7 @@ import msgpack
 
 from .runs import HELD, RUN_STATUSES, RunRecord, TriggerName
 
-__all__ = ["Captured", "JobRuns", "RunTable", "Slices", "chunked", "run_id_of", "token_of_id"]
+__all__ = ["Captured", "JobRuns", "RunTable", "Slices", "run_id_of", "token_of_id"]
 
 FIELDS = (
     "id", "job", "slot_us", "attempt", "trigger", "status", "node", "claimed_us", "started_us", "finished_us",
@@ -442,12 +442,6 @@ class RunTable:
         self._len -= len(dropped)
         return len(dropped)
 
-    def pop(self, rid: str) -> RunRecord | None:
-        run = self.get(rid)
-        if run is not None:
-            self.discard(rid)
-        return run
-
     def drop_job(self, job: str) -> list[str]:
         """Remove the job and all its records; their ids."""
         pair = self._jobs.pop(job, None)
@@ -688,26 +682,6 @@ class _Lazy:
 
     def __getitem__(self, part: slice) -> list[Any]:
         return self._read(part)
-
-
-class _Chunks:
-    """A section packed as the chunks an iterator gives (``_pack_sections`` asks ``chunks()``)."""
-
-    def __init__(self, chunks: Iterator[list[Any]]) -> None:
-        self._chunks = chunks
-
-    def __len__(self) -> int:
-        return 0
-
-    def __getitem__(self, part: slice) -> list[Any]:
-        return []
-
-    def chunks(self) -> Iterator[list[Any]]:
-        return self._chunks
-
-
-def chunked(chunks: Iterator[list[Any]]) -> Slices:
-    return _Chunks(chunks)
 
 
 class JobRuns:

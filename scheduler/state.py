@@ -50,7 +50,7 @@ from .commands import (
 )
 from .errors import ValidationFailed
 from .model import Job, parse_job
-from .runtable import Slices, chunked
+from .runtable import Slices
 from .store import Store
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS"]
@@ -425,12 +425,12 @@ class State(Store):
     def snapshot(self) -> Iterator[bytes]:
         """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
         runs = self.runs.capture()
-        sections: list[tuple[str, Slices]] = [
+        sections: list[tuple[str, Slices | Iterator[list[Any]]]] = [
             ("meta", [{"v": self.snapshot_version, "applied_index": self.applied_index, "last_noop": self.last_noop,
                        "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
             ("jobs", list(self.jobs.items())),
             ("nodes", list(self.nodes.items())),
-            *([("runs", chunked(runs.by_job(_CHUNK))), ("runs_index", chunked(runs.index(8 * _CHUNK)))]
+            *([("runs", runs.by_job(_CHUNK)), ("runs_index", runs.index(8 * _CHUNK))]
               if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
             ("active", list(self.active)),
             ("dead", list(self.dead)),
@@ -569,11 +569,11 @@ def _shown(v: Any) -> str:
     return "none" if v is None else repr(v) if isinstance(v, str) else str(v)
 
 
-def _pack_sections(sections: list[tuple[str, Slices]], shared: _SharedSections | None) -> Iterator[bytes]:
+def _pack_sections(sections: list[tuple[str, Slices | Iterator[list[Any]]]],
+                   shared: _SharedSections | None) -> Iterator[bytes]:
     for name, items in sections:
-        given = getattr(items, "chunks", None)
-        if given is not None:  # a section that chunks itself (``runtable.chunked``)
-            for chunk in given():
+        if isinstance(items, Iterator):  # a section that chunks itself (the run table's)
+            for chunk in items:
                 yield pack([name, chunk])
             continue
         for start in range(0, max(len(items), 1), _CHUNK):
