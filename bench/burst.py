@@ -192,7 +192,7 @@ def _spies(cluster: Cluster, leader: Node, at: float, seconds: float, n: int) ->
         path = RESULTS / f"profile-burst{n}-{name}.txt"
         proc = subprocess.Popen(["py-spy", "record", "-p", str(node.proc.pid), "-d", str(math.ceil(seconds)), "-r", "200",
                                  "-f", "raw", "--gil", "--nonblocking", "-o", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=open(path.with_suffix(".err"), "wb"))
         spies[name] = (proc, path)
     return spies
 

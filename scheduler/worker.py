@@ -76,7 +76,10 @@ class Worker:
         self.executors = executors
         self.lease = lease
         self.flush_interval = flush_interval
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # started attempts, by run id
+        self._waves: dict[int, dict[str, RunRecord]] = {}  # instant (us) -> attempts waiting for it
+        self._wave_tasks: dict[int, asyncio.Task[None]] = {}
+        self._waiting: dict[str, int] = {}  # run id -> the instant of its wave
         self._running: set[str] = set()
         self._starts: dict[str, int] = {}
         self._results: dict[str, dict[str, Any]] = {}
@@ -84,7 +87,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
-        self.declined = 0  # claimed attempts not started: no leader contact or no trusted clock (see _fire)
+        self.declined = 0  # claimed attempts not started: no leader contact or no trusted clock (see _wave)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -95,9 +98,10 @@ class Worker:
         self._renewer = loop.create_task(self._renew_loop(), name="worker-leases")
 
     async def stop(self) -> None:
-        for t in list(self._tasks.values()):
+        tasks = [*self._wave_tasks.values(), *self._tasks.values()]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for task in (self._flusher, self._renewer):
             if task is not None:
                 task.cancel()
@@ -116,7 +120,9 @@ class Worker:
         elif isinstance(cmd, (PutJob, PutJobs, PauseJob)):
             self._stop_attempts(result.get("cancelled", ()), "job changed")
         elif isinstance(cmd, DeleteJob):
-            self._stop_attempts([rid for rid, t in self._tasks.items() if t.get_name().startswith(f"{cmd.name}@")], "job deleted")
+            self._stop_attempts([*self._waiting_of(cmd.name),
+                                 *(rid for rid, t in self._tasks.items() if t.get_name().startswith(f"{cmd.name}@"))],
+                                "job deleted")
         elif isinstance(cmd, CancelRun):
             self._stop_attempts([cmd.run_id], "cancelled")
         elif isinstance(cmd, (StartRuns, RenewLeases)) and cmd.node == self.me:
@@ -125,61 +131,100 @@ class Worker:
             self._stop_attempts([r["id"] for r in result["lost"] if r["node"] == self.me], "lease expired")
 
     def _schedule(self, run: RunRecord) -> None:
+        """Add a claimed attempt to the wave of its instant: attempts due at the same instant
+        (an hourly burst) wait on one timer and pass the instant's checks together."""
         rid = run["id"]
-        if rid in self._tasks:
+        if rid in self._tasks or rid in self._waiting:
             return
-        task = asyncio.get_running_loop().create_task(self._fire(run), name=f"{run['job']}@{rid}")
-        self._tasks[rid] = task
-        task.add_done_callback(functools.partial(self._forget, rid))
+        due = fire_at_us(run)
+        wave = self._waves.get(due)
+        if wave is None:
+            wave = self._waves[due] = {}
+            task = asyncio.get_running_loop().create_task(self._wave(due), name=f"wave@{due}")
+            self._wave_tasks[due] = task
+            task.add_done_callback(functools.partial(self._wave_done, due))
+        wave[rid] = run
+        self._waiting[rid] = due
+
+    def _wave_done(self, due: int, _task: asyncio.Task[None]) -> None:
+        self._wave_tasks.pop(due, None)
+        for rid in self._waves.pop(due, {}):  # only when the wave itself was cancelled
+            self._waiting.pop(rid, None)
 
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)
 
+    def _waiting_of(self, job: str) -> list[str]:
+        return [rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job]
+
     def _stop_attempts(self, run_ids: Any, why: str) -> None:
         for rid in run_ids:
+            due = self._waiting.pop(rid, None)
+            if due is not None:
+                del self._waves[due][rid]
+                log.info("stopping attempt %s before its instant: %s", rid, why)
+                continue
             task = self._tasks.get(rid)
             if task is not None and not task.done():
                 log.info("stopping attempt %s: %s", rid, why)
                 task.cancel()
 
-    # ---- one attempt ------------------------------------------------------------------
+    # ---- one wave: the attempts due at one instant -------------------------------------
 
-    async def _fire(self, run: RunRecord) -> None:
-        rid = run["id"]
-        if not await self._reach_instant(run):
+    async def _wave(self, due: int) -> None:
+        late = await self._reach_instant(due)
+        runs = self._waves.pop(due)
+        for rid in runs:
+            self._waiting.pop(rid, None)
+        if late is None or not runs:
+            if late is None:
+                self.declined += len(runs)  # each logged by _reach_instant
             return
-        current = self.state.runs.get(rid)
-        job = self.state.job(run["job"])
-        rec = self.state.jobs.get(run["job"])
-        if current is None or current["status"] != "claimed" or job is None or rec is None:
-            return  # cancelled, lost or deleted while waiting for its instant
         silent = self.svc.node.leader_contact_age()
-        if silent > self.lease / 2:
-            # Cut off from the leader (a partition, or this node stalled): the leader counts this
-            # node's attempts lost once it has been unreachable for a lease and claims them again
-            # elsewhere, so starting now would most likely run the slot twice. Left unstarted,
-            # the attempt is lost and retried (a job with delivery at-most-once is not retried).
-            self.declined += 1
-            log.warning("not starting %s attempt %d of slot %s (run %s): no word from a leader for %.1fs; "
-                        "the leader will count it lost", run["job"], run["attempt"],
-                        from_us(run["slot_us"]).isoformat(), rid, silent)
-            return
-        kind = str(job.executor)
-        attempt = Attempt(
-            job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
-            fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
-            timeout=float(job.timeout),
-        )
-        started = self.cluster.now_us()
-        self._starts[rid] = started
-        self._running.add(rid)
+        # The cluster's time at the wave's start and the monotonic clock from there: one
+        # estimate for the wave instead of one per attempt.
+        base_us, base_mono = self.cluster.now_us(), self.clock.monotonic()
+        for rid, run in runs.items():
+            current = self.state.runs.get(rid)
+            job = self.state.job(run["job"])
+            rec = self.state.jobs.get(run["job"])
+            if current is None or current["status"] != "claimed" or job is None or rec is None:
+                continue  # cancelled, lost or deleted while waiting for its instant
+            if self._too_late(run, late - max(0, run["claimed_us"] - due) / 1e6):
+                continue
+            if silent > self.lease / 2:
+                # Cut off from the leader (a partition, or this node stalled): the leader counts
+                # this node's attempts lost once it has been unreachable for a lease and claims
+                # them again elsewhere, so starting now would most likely run the slot twice.
+                # Left unstarted, the attempt is lost and retried (a job with delivery
+                # at-most-once is not retried).
+                self.declined += 1
+                log.warning("not starting %s attempt %d of slot %s (run %s): no word from a leader for %.1fs; "
+                            "the leader will count it lost", run["job"], run["attempt"],
+                            from_us(run["slot_us"]).isoformat(), rid, silent)
+                continue
+            kind = str(job.executor)
+            attempt = Attempt(
+                job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
+                fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
+                timeout=float(job.timeout),
+            )
+            started = base_us + int((self.clock.monotonic() - base_mono) * 1e6)
+            self._starts[rid] = started
+            self._running.add(rid)
+            self.fired += 1
+            if self.on_start is not None:
+                self.on_start(run["job"], (started - run["slot_us"]) / 1e6)
+            if log.isEnabledFor(logging.INFO):
+                log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
+                         attempt.slot.isoformat(), rid)
+            task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{run['job']}@{rid}")
+            self._tasks[rid] = task
+            task.add_done_callback(functools.partial(self._forget, rid))
         self._kick.set()
-        self.fired += 1
-        if self.on_start is not None:
-            self.on_start(run["job"], (started - run["slot_us"]) / 1e6)
-        if log.isEnabledFor(logging.INFO):
-            log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
-                     attempt.slot.isoformat(), rid)
+
+    async def _run(self, attempt: Attempt, started: int) -> None:
+        rid, kind = attempt.run_id, attempt.executor
         try:
             outcome = await self.executors[kind].run(attempt)
         except asyncio.CancelledError:
@@ -197,32 +242,32 @@ class Worker:
         self._running.discard(rid)
         self._results[rid] = _result(rid, outcome)
         if self.on_finish is not None:
-            self.on_finish(run["job"], outcome.status.value, outcome.duration_ms / 1000)
+            self.on_finish(attempt.job, outcome.status.value, outcome.duration_ms / 1000)
         if log.isEnabledFor(logging.INFO):
-            log.info("finished %s run %s: %s%s", run["job"], rid, outcome.status.value,
+            log.info("finished %s run %s: %s%s", attempt.job, rid, outcome.status.value,
                      f" ({outcome.error})" if outcome.error else "")
         self._kick.set()
 
-    async def _reach_instant(self, run: RunRecord) -> bool:
-        """Wait until the leader's clock has certainly reached the attempt's instant, with
-        this node's clock trusted; False (the attempt declined) if that did not come in time.
+    async def _reach_instant(self, due: int) -> float | None:
+        """Wait until the leader's clock has certainly reached the instant ``due``, with
+        this node's clock trusted; then how far past it (seconds) this node is by the
+        cluster's clock, or None (the wave's attempts declined) if that did not come in time.
 
         The sleep is on the monotonic clock, its length computed from the wall clock and
         the newest estimate; after each wake the instant is computed again, since the
-        estimate may have moved meanwhile: the attempt never starts before its instant
-        by the newest estimate.
+        estimate may have moved meanwhile: no attempt starts before its instant by the
+        newest estimate.
 
         Without an estimate (no leader known, or a new one not sampled yet) nothing tells
         when the instant is, and with this node's clock beyond ``max_skew`` it must not
         start (see ``_clock_ok``). Rather than guess by this node's own clock (the early
         firing this guards against), wait for that to change, but, once the instant is
         past by the last estimate seen, no longer than the leader-contact rule in
-        ``_fire`` tolerates (half a lease): a new leader's first sample, or the record
+        ``_wave`` tolerates (half a lease): a new leader's first sample, or the record
         of a leader's clock stepping ahead (see ``leader_lead_us``), arrives well within
         that; past it the leader is about to count this node's attempts lost and retry
-        them elsewhere, so the attempt is declined, as for a node cut off from the leader.
+        them elsewhere, so the attempts are declined, as for a node cut off from the leader.
         """
-        due = fire_at_us(run)
         waiting_since: float | None = None
         while True:
             est = self.cluster.estimate()
@@ -246,17 +291,17 @@ class Worker:
                 await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
                 continue
             if est is not None and self._clock_ok(est, lead):
-                return not self._too_late(run, (us(self.clock.now()) - local_due) / 1e6 - max(0, run["claimed_us"] - due) / 1e6)
+                return (us(self.clock.now()) - local_due) / 1e6
             now = self.clock.monotonic()
             if waiting_since is None:
                 waiting_since = now
             elif now - waiting_since > self.lease / 2:
-                self.declined += 1
                 why = "no estimate of the leader's clock" if est is None else "this node's clock skewed"
-                log.warning("not starting %s attempt %d of slot %s (run %s): %s for %.1fs; the leader will count "
-                            "it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(), run["id"],
-                            why, now - waiting_since)
-                return False
+                for run in self._waves.get(due, {}).values():
+                    log.warning("not starting %s attempt %d of slot %s (run %s): %s for %.1fs; the leader will "
+                                "count it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(),
+                                run["id"], why, now - waiting_since)
+                return None
             await self.clock.sleep(ESTIMATE_POLL)
 
     def _too_late(self, run: RunRecord, late: float) -> bool:
