@@ -37,7 +37,7 @@ from .errors import RaftcronError
 from .instants import us
 from .service import Service
 
-__all__ = ["ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict", "SkewWatch", "trusted",
+__all__ = ["REUSE", "ClockEstimate", "ClockGuard", "ClockStatus", "ClusterTime", "SkewVerdict", "SkewWatch", "trusted",
            "estimated_lead_us", "leader_lead_us", "not_before_local_us", "parse_max_skew"]
 
 log = logging.getLogger("raftcron.skew")
@@ -60,6 +60,10 @@ def parse_max_skew(text: str) -> float:
     return seconds
 
 
+REUSE = 0.002
+"""Seconds ``ClusterTime.now`` carries a reading forward on the monotonic clock."""
+
+
 class ClusterTime:
     """This node's reading of the cluster's clock (the leader's wall clock).
 
@@ -79,6 +83,7 @@ class ClusterTime:
         self._source = source
         self._lead_us = lead_us
         self._last: ClockEstimate | None = None
+        self._read: tuple[float, datetime] | None = None  # (monotonic, reading) of the last fresh reading
 
     def estimate(self) -> ClockEstimate | None:
         """The newest estimate of the leader's clock against this node's, None if unknown."""
@@ -93,6 +98,21 @@ class ClusterTime:
         return self._last
 
     def now(self) -> datetime:
+        """The cluster's time as this node reads it, for what a report or a record carries.
+
+        A reading less than ``REUSE`` old is carried forward on the monotonic clock instead of
+        estimated afresh: an hourly burst reads it twice per attempt, thousands of times a
+        second, and the estimate (the leader's offset, its recorded lead) moves only when a
+        new round trip lands. Decisions about an instant read ``estimate()`` itself."""
+        mono = self.clock.monotonic()
+        read = self._read
+        if read is not None and 0.0 <= mono - read[0] < REUSE:
+            return read[1] + timedelta(seconds=mono - read[0])
+        reading = self._fresh()
+        self._read = (mono, reading)
+        return reading
+
+    def _fresh(self) -> datetime:
         self.estimate()
         last = self._last
         local = self.clock.now()
@@ -108,8 +128,9 @@ class ClusterTime:
         """An instant the leader's clock has certainly reached: the reading less its error
         bound. What an operator's write is stamped with, so that no edit is dated ahead of the
         leader's own clock (the leader's next plan would count as made before the edit)."""
+        reading = us(self._fresh())  # not a reading carried forward: its error is the one subtracted
         last = self._last
-        return self.now_us() - (round(last.error * 1e6) if last is not None else 0)
+        return reading - (round(last.error * 1e6) if last is not None else 0)
 
 
 def not_before_local_us(due_us: int, est: ClockEstimate) -> int:

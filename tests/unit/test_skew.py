@@ -26,7 +26,7 @@ from scheduler.instants import us
 from scheduler.model import parse_job
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.service import Service
-from scheduler.skew import ClockGuard, SkewWatch, leader_lead_us, not_before_local_us, parse_max_skew, trusted
+from scheduler.skew import REUSE, ClockGuard, SkewWatch, leader_lead_us, not_before_local_us, parse_max_skew, trusted
 from scheduler.state import State
 from scheduler.worker import Worker
 
@@ -620,7 +620,32 @@ def test_cluster_time_is_the_leaders_clock_less_its_recorded_lead() -> None:
     ct = ClusterTime(clock, lambda: ClockEstimate(-3.0, 0.001, 0.1), lambda: lead["us"])
     assert ct.now() == LOCAL0 - timedelta(seconds=3), "this node runs 3 s ahead of the leader"
     lead["us"] = 30_000_000  # the leader recorded itself 30 s ahead of its followers' median
-    assert ct.now() == LOCAL0 - timedelta(seconds=33), "leases and starts in the time the leader plans by"
+    clock.advance(REUSE)  # a reading is carried forward that long (see the next test)
+    assert ct.now() == LOCAL0 - timedelta(seconds=33) + timedelta(seconds=REUSE), \
+        "leases and starts in the time the leader plans by"
+
+
+def test_cluster_time_carries_a_reading_forward_briefly_and_operator_stamps_read_afresh() -> None:
+    from scheduler.skew import ClusterTime
+
+    clock = FakeClock(LOCAL0)
+    reads = {"n": 0, "offset": -3.0}
+
+    def source() -> ClockEstimate:
+        reads["n"] += 1
+        return ClockEstimate(reads["offset"], 0.001, 0.1)
+
+    ct = ClusterTime(clock, source)
+    first = ct.now()
+    reads["offset"] = -2.0  # a new round trip moved the estimate by a second
+    clock.advance(REUSE / 2)
+    assert ct.now() == first + timedelta(seconds=REUSE / 2), "carried forward on the monotonic clock"
+    assert reads["n"] == 1
+    # An operator's write is stamped with what the leader's clock has certainly reached: never
+    # from a reading carried forward, whose error it would not account for.
+    assert ct.reached_us() == us(clock.now() - timedelta(seconds=2.0)) - 1000 and reads["n"] == 2
+    clock.advance(REUSE)
+    assert ct.now() == clock.now() - timedelta(seconds=2.0), "read afresh once REUSE has passed"
 
 
 @pytest.mark.parametrize("leader_ahead", [-3.0, 3.0])
