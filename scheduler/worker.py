@@ -56,6 +56,7 @@ __all__ = ["Worker"]
 log = logging.getLogger("raftcron.worker")
 BATCH = 300  # results per FinishRuns entry
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
+LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
 LATE_LIMIT = 2.0  # seconds past its instant (or its claim) an attempt may still start, at most (see _too_late)
 
 
@@ -184,13 +185,19 @@ class Worker:
         # The cluster's time at the wave's start and the monotonic clock from there: one
         # estimate for the wave instead of one per attempt.
         base_us, base_mono = self.cluster.now_us(), self.clock.monotonic()
-        for rid, run in runs.items():
+        for i, (rid, run) in enumerate(runs.items()):
+            if i and i % LAUNCH_SLICE == 0:
+                # Thousands due at once are launched a slice at a time, the loop served between
+                # slices (the requests already launched, the API); judged again after the wait.
+                await asyncio.sleep(0)
+                silent = self.svc.node.leader_contact_age()
+            elapsed = self.clock.monotonic() - base_mono
             current = self.state.runs.get(rid)
             job = self.state.job(run["job"])
             rec = self.state.jobs.get(run["job"])
             if current is None or current["status"] != "claimed" or job is None or rec is None:
                 continue  # cancelled, lost or deleted while waiting for its instant
-            if self._too_late(run, late - max(0, run["claimed_us"] - due) / 1e6):
+            if self._too_late(run, late + elapsed - max(0, run["claimed_us"] - due) / 1e6):
                 continue
             if silent > self.lease / 2:
                 # Cut off from the leader (a partition, or this node stalled): the leader counts
@@ -209,7 +216,7 @@ class Worker:
                 fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
                 timeout=float(job.timeout),
             )
-            started = base_us + int((self.clock.monotonic() - base_mono) * 1e6)
+            started = base_us + int(elapsed * 1e6)
             self._starts[rid] = started
             self._running.add(rid)
             self.fired += 1

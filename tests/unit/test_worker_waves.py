@@ -24,7 +24,7 @@ from scheduler.instants import us
 from scheduler.model import parse_job
 from scheduler.service import Service
 from scheduler.state import State
-from scheduler.worker import Worker
+from scheduler.worker import LAUNCH_SLICE, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 JOBS = 400
@@ -160,3 +160,57 @@ async def test_stopping_the_worker_with_waves_waiting_leaves_no_task_behind() ->
     leftover = [t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert not [n for n in leftover if n.startswith("wave@") or "@" in n], leftover
     assert rec.fired == []
+
+
+async def test_a_large_wave_is_launched_in_slices_with_the_loop_served_between() -> None:
+    jobs = LAUNCH_SLICE * 2 + 200
+    clock, state, service, worker, rec = await _setup(jobs=jobs)
+    turns = 0
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    seen: list[int] = []
+    inner = rec.run
+
+    async def run(attempt: Attempt) -> Outcome:
+        seen.append(turns)
+        return await inner(attempt)
+
+    rec.run = run  # type: ignore[method-assign]
+    tick = asyncio.create_task(ticker())
+    try:
+        await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "big")
+        clock.advance(5.0)
+        await _settle()
+        assert len(rec.fired) == jobs
+        assert len(set(seen)) >= 3, "every attempt of the wave launched in one turn of the loop"
+    finally:
+        tick.cancel()
+        await worker.stop()
+
+
+async def test_attempts_launched_after_the_limit_by_a_slow_launch_are_declined() -> None:
+    # Each launch takes the loop 5 ms (a starved node): the wave's later slices are past the
+    # 2 s limit by the time they come up, and are declined rather than started that late.
+    jobs = LAUNCH_SLICE * 3
+    clock, state, service, worker, rec = await _setup(jobs=jobs)
+    inner = rec.run
+
+    async def slow(attempt: Attempt) -> Outcome:
+        clock.advance(0.005)
+        return await inner(attempt)
+
+    rec.run = slow  # type: ignore[method-assign]
+    try:
+        await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "slow")
+        clock.advance(5.0)
+        for _ in range(5):
+            await _settle()
+        assert len(rec.fired) == LAUNCH_SLICE, "the first slice starts; the rest come up 2.5 s and more late"
+        assert worker.declined == jobs - LAUNCH_SLICE
+    finally:
+        await worker.stop()
