@@ -57,7 +57,21 @@ log = logging.getLogger("raftcron.worker")
 BATCH = 300  # results per FinishRuns entry
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
 LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
-LATE_LIMIT = 2.0  # seconds past its instant (or its claim) an attempt may still start, at most (see _too_late)
+LATE_LIMIT = 2.0
+"""Seconds past both its instant and its claim (by the cluster's clock) within which an attempt
+starts at once, before its start is committed (at most half a lease). Later, it starts only once
+the ledger has recorded its start for this node (``Worker._take_reserved``).
+
+The leader counts a claim that was not started lost a grace after the later of the two and
+claims the slot again elsewhere; a worker that started it after that would run the slot twice.
+Three ways to get there: a process stopped (SIGSTOP) or starved through the instant wakes up
+and fires; a node cut off from the leader applies, once healed, a claim committed just before
+the cut, whose instant passed meanwhile (seen in the fault suite: an isolated follower fired a
+slot 11 s late, after the leader had retried it); a burst larger than the node launches in
+the limit (100,000 slots due at one instant). A start committed first is ordered in the log
+after anything the leader did to the claim: refused if it gave the claim up, the node's own
+otherwise. From the claim too: a catch-up claim stands for an old slot and is on time when it
+fires at once."""
 
 
 class Worker:
@@ -79,7 +93,9 @@ class Worker:
         self.flush_interval = flush_interval
         self._tasks: dict[str, asyncio.Task[None]] = {}  # started attempts, by run id
         self._waves: dict[int, dict[str, RunRecord]] = {}  # instant (us) -> attempts waiting for it
-        self._wave_tasks: dict[int, asyncio.Task[None]] = {}
+        self._wave_tasks: set[asyncio.Task[None]] = set()
+        # Attempts that came up past the late limit, waiting for their start to commit (see _wave).
+        self._reserved: dict[str, tuple[Attempt, int]] = {}
         self._waiting: dict[str, int] = {}  # run id -> the instant of its wave
         self._running: set[str] = set()
         self._starts: dict[str, int] = {}
@@ -88,7 +104,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
-        self.declined = 0  # claimed attempts not started: no leader contact or no trusted clock (see _wave)
+        self.declined = 0  # claimed attempts not started: no leader contact, no trusted clock, or late and given up (see _wave)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -99,7 +115,7 @@ class Worker:
         self._renewer = loop.create_task(self._renew_loop(), name="worker-leases")
 
     async def stop(self) -> None:
-        tasks = [*self._wave_tasks.values(), *self._tasks.values()]
+        tasks = [*self._wave_tasks, *self._tasks.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -135,28 +151,33 @@ class Worker:
         """Add a claimed attempt to the wave of its instant: attempts due at the same instant
         (an hourly burst) wait on one timer and pass the instant's checks together."""
         rid = run["id"]
-        if rid in self._tasks or rid in self._waiting:
+        if rid in self._tasks or rid in self._waiting or rid in self._reserved:
             return
         due = fire_at_us(run)
         wave = self._waves.get(due)
         if wave is None:
+            # A wave is its own dict: one for the same instant may be opened while an earlier one
+            # is still launching (a retry or catch-up of the same slot), and each task owns its own.
             wave = self._waves[due] = {}
-            task = asyncio.get_running_loop().create_task(self._wave(due), name=f"wave@{due}")
-            self._wave_tasks[due] = task
-            task.add_done_callback(functools.partial(self._wave_done, due))
+            task = asyncio.get_running_loop().create_task(self._wave(due, wave), name=f"wave@{due}")
+            self._wave_tasks.add(task)
+            task.add_done_callback(functools.partial(self._wave_done, due, wave))
         wave[rid] = run
         self._waiting[rid] = due
 
-    def _wave_done(self, due: int, _task: asyncio.Task[None]) -> None:
-        self._wave_tasks.pop(due, None)
-        for rid in self._waves.pop(due, {}):  # only when the wave itself was cancelled
-            self._waiting.pop(rid, None)
+    def _wave_done(self, due: int, wave: dict[str, RunRecord], task: asyncio.Task[None]) -> None:
+        self._wave_tasks.discard(task)
+        if self._waves.get(due) is wave:  # only when the wave was cancelled before its instant
+            del self._waves[due]
+            for rid in wave:
+                self._waiting.pop(rid, None)
 
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)
 
     def _waiting_of(self, job: str) -> list[str]:
-        return [rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job]
+        return [*(rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job),
+                *(rid for rid, (attempt, _) in self._reserved.items() if attempt.job == job)]
 
     def _stop_attempts(self, run_ids: Any, why: str) -> None:
         for rid in run_ids:
@@ -165,6 +186,11 @@ class Worker:
                 del self._waves[due][rid]
                 log.info("stopping attempt %s before its instant: %s", rid, why)
                 continue
+            if self._reserved.pop(rid, None) is not None:
+                self._starts.pop(rid, None)
+                self.declined += 1  # held back as late (see _wave), then taken away
+                log.info("stopping attempt %s before its start was committed: %s", rid, why)
+                continue
             task = self._tasks.get(rid)
             if task is not None and not task.done():
                 log.info("stopping attempt %s: %s", rid, why)
@@ -172,20 +198,23 @@ class Worker:
 
     # ---- one wave: the attempts due at one instant -------------------------------------
 
-    async def _wave(self, due: int) -> None:
+    async def _wave(self, due: int, wave: dict[str, RunRecord]) -> None:
         late = await self._reach_instant(due)
-        runs = self._waves.pop(due)
-        for rid in runs:
+        if self._waves.get(due) is wave:
+            del self._waves[due]
+        for rid in wave:
             self._waiting.pop(rid, None)
-        if late is None or not runs:
-            if late is None:
-                self.declined += len(runs)  # each logged by _reach_instant
+        if late is None:
+            self.declined += len(wave)  # logged by _reach_instant
             return
         silent = self.svc.node.leader_contact_age()
+        cut_off: list[RunRecord] = []
+        reserved: list[RunRecord] = []
         # The cluster's time at the wave's start and the monotonic clock from there: one
         # estimate for the wave instead of one per attempt.
         base_us, base_mono = self.cluster.now_us(), self.clock.monotonic()
-        for i, (rid, run) in enumerate(runs.items()):
+        limit = min(self.lease / 2, LATE_LIMIT)
+        for i, (rid, run) in enumerate(wave.items()):
             if i and i % LAUNCH_SLICE == 0:
                 # Thousands due at once are launched a slice at a time, the loop served between
                 # slices (the requests already launched, the API); judged again after the wait.
@@ -197,18 +226,13 @@ class Worker:
             rec = self.state.jobs.get(run["job"])
             if current is None or current["status"] != "claimed" or job is None or rec is None:
                 continue  # cancelled, lost or deleted while waiting for its instant
-            if self._too_late(run, late + elapsed - max(0, run["claimed_us"] - due) / 1e6):
-                continue
             if silent > self.lease / 2:
                 # Cut off from the leader (a partition, or this node stalled): the leader counts
                 # this node's attempts lost once it has been unreachable for a lease and claims
                 # them again elsewhere, so starting now would most likely run the slot twice.
                 # Left unstarted, the attempt is lost and retried (a job with delivery
                 # at-most-once is not retried).
-                self.declined += 1
-                log.warning("not starting %s attempt %d of slot %s (run %s): no word from a leader for %.1fs; "
-                            "the leader will count it lost", run["job"], run["attempt"],
-                            from_us(run["slot_us"]).isoformat(), rid, silent)
+                cut_off.append(run)
                 continue
             kind = str(job.executor)
             attempt = Attempt(
@@ -217,18 +241,71 @@ class Worker:
                 timeout=float(job.timeout),
             )
             started = base_us + int(elapsed * 1e6)
-            self._starts[rid] = started
-            self._running.add(rid)
-            self.fired += 1
-            if self.on_start is not None:
-                self.on_start(run["job"], (started - run["slot_us"]) / 1e6)
-            if log.isEnabledFor(logging.INFO):
-                log.info("started %s attempt %d of slot %s (run %s)", run["job"], run["attempt"],
-                         attempt.slot.isoformat(), rid)
-            task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{run['job']}@{rid}")
-            self._tasks[rid] = task
-            task.add_done_callback(functools.partial(self._forget, rid))
+            if late + elapsed - max(0, run["claimed_us"] - due) / 1e6 > limit:
+                # Past the late limit (see LATE_LIMIT): the leader may be about to count the
+                # claim lost and give the slot to another node. Started only once the ledger has
+                # recorded its start for this node, which it does only while the claim is still
+                # this node's (see _take_reserved): late, but once.
+                self._reserved[rid] = (attempt, started)
+                self._starts[rid] = started
+                reserved.append(run)
+                continue
+            self._launch(attempt, started)
+        if cut_off:
+            self.declined += len(cut_off)
+            log.warning("not starting %d attempt(s) due at %s (%s): no word from a leader for %.1fs; the leader "
+                        "will count them lost", len(cut_off), from_us(due).isoformat(), _some(cut_off), silent)
+        if reserved:
+            log.warning("%d attempt(s) due at %s (%s) came up more than %gs late (this node is busy): each starts "
+                        "once its start is committed, unless the leader gave it up meanwhile", len(reserved),
+                        from_us(due).isoformat(), _some(reserved), limit)
         self._kick.set()
+
+    def _launch(self, attempt: Attempt, started: int, *, reported: bool = False) -> None:
+        """Start an attempt's executor; its start goes into the next report unless ``reported``."""
+        rid = attempt.run_id
+        if not reported:
+            self._starts[rid] = started
+        self._running.add(rid)
+        self.fired += 1
+        if self.on_start is not None:
+            at = self.cluster.now_us() if reported else started
+            self.on_start(attempt.job, (at - us(attempt.slot)) / 1e6)
+        if log.isEnabledFor(logging.INFO):
+            log.info("started %s attempt %d of slot %s (run %s)", attempt.job, attempt.attempt,
+                     attempt.slot.isoformat(), rid)
+        task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{attempt.job}@{rid}")
+        self._tasks[rid] = task
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _take_reserved(self, result: dict[str, Any]) -> None:
+        """Launch the reserved attempts whose start the ledger recorded for this node.
+
+        ``result``: a committed ``StartRuns``'s. Its ``started`` and ``already`` runs are
+        this node's in the ledger, in log order after anything the leader did to them (had it
+        counted one lost, that one would be ``stale``). One more check here: the lease the
+        start took must still have a third of it left by the cluster's clock, else the leader
+        may be about to count it lapsed; such an attempt is left to lapse and be retried."""
+        now = self.cluster.now_us()
+        short: list[str] = []
+        for rid in (*result.get("started", ()), *result.get("already", ())):
+            held = self._reserved.pop(rid, None)
+            if held is None:
+                continue
+            run = self.state.runs.get(rid)
+            if (run is None or run["status"] != "running" or run["node"] != self.me
+                    or (run["lease_us"] or 0) - now < self.lease / 3 * 1e6):
+                short.append(rid)
+                continue
+            attempt, started = held
+            self._launch(attempt, started, reported=True)  # the renewals take over from here
+        for rid in result.get("stale", ()):
+            if self._reserved.pop(rid, None) is not None:
+                short.append(rid)
+        if short:
+            self.declined += len(short)
+            log.warning("not starting %d reserved attempt(s) (%s): the ledger gave them up, or their lease ran short, "
+                        "before their start was committed", len(short), ", ".join(short[:5]))
 
     async def _run(self, attempt: Attempt, started: int) -> None:
         rid, kind = attempt.run_id, attempt.executor
@@ -304,33 +381,11 @@ class Worker:
                 waiting_since = now
             elif now - waiting_since > self.lease / 2:
                 why = "no estimate of the leader's clock" if est is None else "this node's clock skewed"
-                for run in self._waves.get(due, {}).values():
-                    log.warning("not starting %s attempt %d of slot %s (run %s): %s for %.1fs; the leader will "
-                                "count it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(),
-                                run["id"], why, now - waiting_since)
+                runs = list(self._waves.get(due, {}).values())
+                log.warning("not starting %d attempt(s) due at %s (%s): %s for %.1fs; the leader will count them "
+                            "lost", len(runs), from_us(due).isoformat(), _some(runs), why, now - waiting_since)
                 return None
             await self.clock.sleep(ESTIMATE_POLL)
-
-    def _too_late(self, run: RunRecord, late: float) -> bool:
-        """Whether an attempt ``late`` seconds past both its instant and its claim (by the
-        cluster's clock) must be declined: past min(half a lease, LATE_LIMIT).
-
-        The leader counts a claim that was not started lost a grace after the later of the two
-        and claims the slot again elsewhere; a worker that starts it after that runs the slot
-        twice, long after its instant. Two ways to get there: a process stopped (SIGSTOP) or
-        starved through the instant wakes up and fires; a node cut off from the leader applies,
-        once healed, a claim committed just before the cut, whose instant passed meanwhile (seen
-        in the fault suite: an isolated follower fired a slot 11 s late, after the leader had
-        retried it). From the claim too: a catch-up claim stands for an old slot and is on time
-        when it fires at once.
-        """
-        if late <= min(self.lease / 2, LATE_LIMIT):
-            return False
-        self.declined += 1
-        log.warning("not starting %s attempt %d of slot %s (run %s): %.1fs past its instant and its claim; the "
-                    "leader will count it lost", run["job"], run["attempt"], from_us(run["slot_us"]).isoformat(),
-                    run["id"], late)
-        return True
 
     def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
         """Whether this node's clock is near enough the cluster's to start an attempt.
@@ -394,10 +449,12 @@ class Worker:
         batch = dict(list(self._starts.items())[:BATCH])
         now = self.cluster.now_us()
         lease_until = now + int(self.lease * 1e6)
-        await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
-                                         started_us=batch, lease_until_us=lease_until), attempts=1)
+        result, _ = await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
+                                                     started_us=batch, lease_until_us=lease_until), attempts=1)
         for rid in batch:
             self._starts.pop(rid, None)
+        if self._reserved and isinstance(result, dict):
+            self._take_reserved(result)
 
     async def _flush_results(self) -> None:
         while self._results:
@@ -448,6 +505,11 @@ class Worker:
     @property
     def pending_reports(self) -> int:
         return len(self._starts) + len(self._results)
+
+
+def _some(runs: list[RunRecord]) -> str:
+    shown = ", ".join(f"{r['job']} run {r['id']}" for r in runs[:5])
+    return shown + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
 
 
 def _result(rid: str, o: Outcome) -> dict[str, Any]:

@@ -5,7 +5,8 @@ own timer and read the cluster's clock estimate (the leader's offset, every memb
 leader's recorded lead) on its own, several times: measured with a 3,000-slot burst, about a
 tenth of the agents' time at the instant went to those reads. A wave reads them once. What must
 not change: none starts before its instant, an attempt cancelled or whose job is deleted while
-it waits never starts, an attempt that joins an instant already passed still starts.
+it waits never starts, an attempt that joins an instant already passed still starts, and one
+that comes up past the late limit starts only once the ledger has recorded its start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from memraft import MemoryNode
 
 from raftlog import Bridge
 from scheduler.clock import FakeClock
-from scheduler.commands import CancelRun, Claim, ClaimSlots, DeleteJob, PutJobs, RegisterNode
+from scheduler.commands import CancelRun, Claim, ClaimSlots, DeleteJob, ExpireRuns, PutJobs, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import us
 from scheduler.model import parse_job
@@ -57,6 +58,12 @@ class CountingEstimates:
 async def _settle() -> None:
     for _ in range(50):
         await asyncio.sleep(0)
+
+
+async def _report_period(clock: FakeClock) -> None:
+    for _ in range(3):  # the worker's report batching (flush_interval 1 ms)
+        clock.advance(0.002)
+        await _settle()
 
 
 async def _setup(jobs: int = JOBS) -> tuple[FakeClock, State, Service, Worker, Recorder]:
@@ -139,14 +146,19 @@ async def test_an_attempt_for_an_instant_whose_wave_already_fired_still_fires() 
         await worker.stop()
 
 
-async def test_a_wave_past_its_limit_declines_every_attempt_in_it() -> None:
+async def test_a_wave_past_its_limit_starts_nothing_before_its_starts_are_committed() -> None:
     clock, state, service, worker, rec = await _setup(jobs=3)
     try:
         rids = await _claim(service, ["j0000", "j0001", "j0002"], T0 + timedelta(seconds=5), "late")
         clock.advance(5.0 + 30.0)  # stopped through the instant and 30 s beyond
         await _settle()
-        assert rec.fired == [] and worker.declined == 3
-        assert all(state.runs[r]["status"] == "claimed" for r in rids), "left for the leader to count lost"
+        assert rec.fired == [] and all(state.runs[r]["status"] == "claimed" for r in rids)
+        # The leader gave one of them up meanwhile; its expiry is in the log before the worker's report.
+        await service.propose(ExpireRuns(at_us=us(T0 + timedelta(seconds=35)), leader="n1", term=1, runs=(rids[1],),
+                                         reason="not started"))
+        await _report_period(clock)
+        assert sorted(a.job for a, _ in rec.fired) == ["j0000", "j0002"], "each started once, after its start"
+        assert worker.declined == 1 and state.runs[rids[1]]["status"] == "lost"
     finally:
         await worker.stop()
 
@@ -193,9 +205,9 @@ async def test_a_large_wave_is_launched_in_slices_with_the_loop_served_between()
         await worker.stop()
 
 
-async def test_attempts_launched_after_the_limit_by_a_slow_launch_are_declined() -> None:
-    # Each launch takes the loop 5 ms (a starved node): the wave's later slices are past the
-    # 2 s limit by the time they come up, and are declined rather than started that late.
+async def test_attempts_launched_after_the_limit_by_a_slow_launch_wait_for_their_start() -> None:
+    # Each launch takes the loop 5 ms (a starved node): the wave's later slices come up past the
+    # 2 s limit and are held until their starts are committed, then started, each once.
     jobs = LAUNCH_SLICE * 3
     clock, state, service, worker, rec = await _setup(jobs=jobs)
     inner = rec.run
@@ -211,6 +223,38 @@ async def test_attempts_launched_after_the_limit_by_a_slow_launch_are_declined()
         for _ in range(5):
             await _settle()
         assert len(rec.fired) == LAUNCH_SLICE, "the first slice starts; the rest come up 2.5 s and more late"
-        assert worker.declined == jobs - LAUNCH_SLICE
+        assert all(state.runs[rid]["status"] == "claimed" for rid in worker._reserved)
+        for _ in range(10):
+            await _report_period(clock)
+        assert len(rec.fired) == jobs and len({a.run_id for a, _ in rec.fired}) == jobs
+        assert worker.declined == 0
+    finally:
+        await worker.stop()
+
+
+async def test_a_wave_opened_for_an_instant_whose_wave_is_still_launching_fires_too() -> None:
+    # Seen with 100,000 slots due at once: while the first wave launched slice by slice, a claim
+    # for the same instant opened a second wave; the first one's end dropped the second's
+    # attempts (KeyError in the second wave, its attempts never started).
+    jobs = LAUNCH_SLICE * 2
+    clock, state, service, worker, rec = await _setup(jobs=jobs + 1)
+    slot = T0 + timedelta(seconds=5)
+    inner = rec.run
+    joined: list[str] = []
+
+    async def run(attempt: Attempt) -> Outcome:
+        if not joined and len(rec.fired) == LAUNCH_SLICE:  # in the last slice, as the first wave ends
+            joined.append("late")
+            await _claim(service, [f"j{jobs:04d}"], slot, "joins")  # e.g. a retry of that slot, here
+        return await inner(attempt)
+
+    rec.run = run  # type: ignore[method-assign]
+    try:
+        await _claim(service, [f"j{i:04d}" for i in range(jobs)], slot, "first")
+        clock.advance(5.0)
+        for _ in range(5):
+            await _settle()
+        assert len(rec.fired) == jobs + 1 and f"j{jobs:04d}" in {a.job for a, _ in rec.fired}
+        assert not worker._waiting and not worker._waves
     finally:
         await worker.stop()
