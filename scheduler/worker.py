@@ -59,8 +59,8 @@ ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's cl
 LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
 LATE_LIMIT = 2.0
 """Seconds past both its instant and its claim (by the cluster's clock) within which an attempt
-starts at once, before its start is committed (at most half a lease). Later, it starts only once
-the ledger has recorded its start for this node (``Worker._take_reserved``).
+may still start (at most half a lease); later, it is declined, counted lost by the leader and
+retried.
 
 The leader counts a claim that was not started lost a grace after the later of the two and
 claims the slot again elsewhere; a worker that started it after that would run the slot twice.
@@ -68,10 +68,8 @@ Three ways to get there: a process stopped (SIGSTOP) or starved through the inst
 and fires; a node cut off from the leader applies, once healed, a claim committed just before
 the cut, whose instant passed meanwhile (seen in the fault suite: an isolated follower fired a
 slot 11 s late, after the leader had retried it); a burst larger than the node launches in
-the limit (100,000 slots due at one instant). A start committed first is ordered in the log
-after anything the leader did to the claim: refused if it gave the claim up, the node's own
-otherwise. From the claim too: a catch-up claim stands for an old slot and is on time when it
-fires at once."""
+the limit (100,000 slots due at one instant). From the claim too: a catch-up claim stands for
+an old slot and is on time when it fires at once."""
 
 
 class Worker:
@@ -94,8 +92,6 @@ class Worker:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # started attempts, by run id
         self._waves: dict[int, dict[str, RunRecord]] = {}  # instant (us) -> attempts waiting for it
         self._wave_tasks: set[asyncio.Task[None]] = set()
-        # Attempts that came up past the late limit, waiting for their start to commit (see _wave).
-        self._reserved: dict[str, tuple[Attempt, int]] = {}
         self._waiting: dict[str, int] = {}  # run id -> the instant of its wave
         self._running: set[str] = set()
         self._starts: dict[str, int] = {}
@@ -104,7 +100,7 @@ class Worker:
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.fired = 0
-        self.declined = 0  # claimed attempts not started: no leader contact, no trusted clock, or late and given up (see _wave)
+        self.declined = 0  # claimed attempts not started: no leader contact, no trusted clock, or too late (see _wave)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -151,7 +147,7 @@ class Worker:
         """Add a claimed attempt to the wave of its instant: attempts due at the same instant
         (an hourly burst) wait on one timer and pass the instant's checks together."""
         rid = run["id"]
-        if rid in self._tasks or rid in self._waiting or rid in self._reserved:
+        if rid in self._tasks or rid in self._waiting:
             return
         due = fire_at_us(run)
         wave = self._waves.get(due)
@@ -176,20 +172,15 @@ class Worker:
         self._tasks.pop(rid, None)
 
     def _waiting_of(self, job: str) -> list[str]:
-        return [*(rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job),
-                *(rid for rid, (attempt, _) in self._reserved.items() if attempt.job == job)]
+        return [rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job]
 
     def _stop_attempts(self, run_ids: Any, why: str) -> None:
+        """Stop these attempts wherever they are: waiting for their instant, or running."""
         for rid in run_ids:
             due = self._waiting.pop(rid, None)
             if due is not None:
                 del self._waves[due][rid]
                 log.info("stopping attempt %s before its instant: %s", rid, why)
-                continue
-            if self._reserved.pop(rid, None) is not None:
-                self._starts.pop(rid, None)
-                self.declined += 1  # held back as late (see _wave), then taken away
-                log.info("stopping attempt %s before its start was committed: %s", rid, why)
                 continue
             task = self._tasks.get(rid)
             if task is not None and not task.done():
@@ -209,103 +200,93 @@ class Worker:
             return
         silent = self.svc.node.leader_contact_age()
         cut_off: list[RunRecord] = []
-        reserved: list[RunRecord] = []
+        late_ones: list[RunRecord] = []
         # The cluster's time at the wave's start and the monotonic clock from there: one
-        # estimate for the wave instead of one per attempt.
+        # estimate for the wave (and one per slice) instead of one per attempt.
         base_us, base_mono = self.cluster.now_us(), self.clock.monotonic()
+        late_mono = base_mono - late  # when, on the monotonic clock, the instant was reached
         limit = min(self.lease / 2, LATE_LIMIT)
-        for i, (rid, run) in enumerate(wave.items()):
+        runs = list(wave.values())
+        for i, run in enumerate(runs):
             if i and i % LAUNCH_SLICE == 0:
                 # Thousands due at once are launched a slice at a time, the loop served between
-                # slices (the requests already launched, the API); judged again after the wait.
+                # slices (the requests already launched, the API). Each slice is judged again by
+                # the newest estimate: one that moved the instant later (a new leader's first
+                # sample) sends the rest back to wait for it, never early.
                 await asyncio.sleep(0)
                 silent = self.svc.node.leader_contact_age()
-            elapsed = self.clock.monotonic() - base_mono
-            current = self.state.runs.get(rid)
-            job = self.state.job(run["job"])
-            rec = self.state.jobs.get(run["job"])
-            if current is None or current["status"] != "claimed" or job is None or rec is None:
-                continue  # cancelled, lost or deleted while waiting for its instant
-            if silent > self.lease / 2:
-                # Cut off from the leader (a partition, or this node stalled): the leader counts
-                # this node's attempts lost once it has been unreachable for a lease and claims
-                # them again elsewhere, so starting now would most likely run the slot twice.
-                # Left unstarted, the attempt is lost and retried (a job with delivery
-                # at-most-once is not retried).
+                local_due, est, lead = self._local_due(due)
+                now_local = us(self.clock.now())
+                if est is None or now_local < local_due or not self._clock_ok(est, lead):
+                    for rest in runs[i:]:
+                        self._schedule(rest)
+                    break
+                late_mono = self.clock.monotonic() - (now_local - local_due) / 1e6
+            try:
+                outcome = self._take_up(run, due, base_us, base_mono, late_mono, limit, silent)
+            except Exception as exc:  # noqa: BLE001 - one attempt's fault must not drop the rest of the wave
+                self.declined += 1
+                log.error("not starting %s run %s: %s: %s", run["job"], run["id"], type(exc).__name__, exc)
+                continue
+            if outcome == "cut off":
                 cut_off.append(run)
-                continue
-            kind = str(job.executor)
-            attempt = Attempt(
-                job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
-                fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
-                timeout=float(job.timeout),
-            )
-            started = base_us + int(elapsed * 1e6)
-            if late + elapsed - max(0, run["claimed_us"] - due) / 1e6 > limit:
-                # Past the late limit (see LATE_LIMIT): the leader may be about to count the
-                # claim lost and give the slot to another node. Started only once the ledger has
-                # recorded its start for this node, which it does only while the claim is still
-                # this node's (see _take_reserved): late, but once.
-                self._reserved[rid] = (attempt, started)
-                self._starts[rid] = started
-                reserved.append(run)
-                continue
-            self._launch(attempt, started)
+            elif outcome == "late":
+                late_ones.append(run)
         if cut_off:
             self.declined += len(cut_off)
             log.warning("not starting %d attempt(s) due at %s (%s): no word from a leader for %.1fs; the leader "
                         "will count them lost", len(cut_off), from_us(due).isoformat(), _some(cut_off), silent)
-        if reserved:
-            log.warning("%d attempt(s) due at %s (%s) came up more than %gs late (this node is busy): each starts "
-                        "once its start is committed, unless the leader gave it up meanwhile", len(reserved),
-                        from_us(due).isoformat(), _some(reserved), limit)
+        if late_ones:
+            self.declined += len(late_ones)
+            log.warning("not starting %d attempt(s) due at %s (%s): more than %gs past their instant and their claim "
+                        "(this node stalled or busy); the leader will count them lost", len(late_ones),
+                        from_us(due).isoformat(), _some(late_ones), limit)
         self._kick.set()
 
-    def _launch(self, attempt: Attempt, started: int, *, reported: bool = False) -> None:
-        """Start an attempt's executor; its start goes into the next report unless ``reported``."""
+    def _take_up(self, run: RunRecord, due: int, base_us: int, base_mono: float, late_mono: float, limit: float,
+                 silent: float) -> str:
+        """One attempt of a wave whose instant has come: launched, late, cut off or skipped."""
+        rid = run["id"]
+        current = self.state.runs.get(rid)
+        job = self.state.job(run["job"])
+        rec = self.state.jobs.get(run["job"])
+        if current is None or current["status"] != "claimed" or job is None or rec is None:
+            return "skipped"  # cancelled, lost or deleted while waiting for its instant
+        if silent > self.lease / 2:
+            # Cut off from the leader (a partition, or this node stalled): the leader counts
+            # this node's attempts lost once it has been unreachable for a lease and claims
+            # them again elsewhere, so starting now would most likely run the slot twice.
+            # Left unstarted, the attempt is lost and retried (a job with delivery
+            # at-most-once is not retried).
+            return "cut off"
+        kind = str(job.executor)
+        attempt = Attempt(
+            job=run["job"], run_id=rid, slot=from_us(run["slot_us"]), attempt=run["attempt"],
+            fencing_token=run["token"], executor=kind, spec=dict(rec["spec"].get(kind) or {}),
+            timeout=float(job.timeout),
+        )
+        mono = self.clock.monotonic()
+        # Never stamped before its instant (a reading carried forward, see ClusterTime.now).
+        started = max(base_us + int((mono - base_mono) * 1e6), due)
+        if mono - late_mono - max(0, run["claimed_us"] - due) / 1e6 > limit:
+            return "late"  # see LATE_LIMIT
+        self._launch(attempt, started)
+        return "launched"
+
+    def _launch(self, attempt: Attempt, started: int) -> None:
+        """Start an attempt's executor; its start goes into the next report."""
         rid = attempt.run_id
-        if not reported:
-            self._starts[rid] = started
+        self._starts[rid] = started
         self._running.add(rid)
         self.fired += 1
         if self.on_start is not None:
-            at = self.cluster.now_us() if reported else started
-            self.on_start(attempt.job, (at - us(attempt.slot)) / 1e6)
+            self.on_start(attempt.job, (started - us(attempt.slot)) / 1e6)
         if log.isEnabledFor(logging.INFO):
             log.info("started %s attempt %d of slot %s (run %s)", attempt.job, attempt.attempt,
                      attempt.slot.isoformat(), rid)
         task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{attempt.job}@{rid}")
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._forget, rid))
-
-    def _take_reserved(self, result: dict[str, Any]) -> None:
-        """Launch the reserved attempts whose start the ledger recorded for this node.
-
-        ``result``: a committed ``StartRuns``'s. Its ``started`` and ``already`` runs are
-        this node's in the ledger, in log order after anything the leader did to them (had it
-        counted one lost, that one would be ``stale``). One more check here: the lease the
-        start took must still have a third of it left by the cluster's clock, else the leader
-        may be about to count it lapsed; such an attempt is left to lapse and be retried."""
-        now = self.cluster.now_us()
-        short: list[str] = []
-        for rid in (*result.get("started", ()), *result.get("already", ())):
-            held = self._reserved.pop(rid, None)
-            if held is None:
-                continue
-            run = self.state.runs.get(rid)
-            if (run is None or run["status"] != "running" or run["node"] != self.me
-                    or (run["lease_us"] or 0) - now < self.lease / 3 * 1e6):
-                short.append(rid)
-                continue
-            attempt, started = held
-            self._launch(attempt, started, reported=True)  # the renewals take over from here
-        for rid in result.get("stale", ()):
-            if self._reserved.pop(rid, None) is not None:
-                short.append(rid)
-        if short:
-            self.declined += len(short)
-            log.warning("not starting %d reserved attempt(s) (%s): the ledger gave them up, or their lease ran short, "
-                        "before their start was committed", len(short), ", ".join(short[:5]))
 
     async def _run(self, attempt: Attempt, started: int) -> None:
         rid, kind = attempt.run_id, attempt.executor
@@ -354,22 +335,7 @@ class Worker:
         """
         waiting_since: float | None = None
         while True:
-            est = self.cluster.estimate()
-            leader = self.svc.node.leader()
-            lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, leader)
-            if not lead and leader is not None:
-                # Not recorded (yet): a newly elected leader far from the others commits its lead
-                # only after its barrier, while the slots the previous leader claimed fire now.
-                # This node's own estimates of the members' clocks tell the same lead.
-                followers = len(self.svc.node.status().partners)  # the cluster less the leader
-                lead, lead_error = estimated_lead_us(self.svc.node.member_clocks(), leader, self.max_skew, followers)
-            basis = est or self.cluster.last
-            local_due = due if basis is None else not_before_local_us(due, basis)
-            # A leader that recorded its own clock far from most of its followers' (NodeClock on
-            # itself, see scheduler.skew.ClockGuard) plans by their median clock, and so do the
-            # workers: ahead, the attempt is held back by the lead; behind, it is not held for
-            # the slow clock (SkewWatch.planning_now_us).
-            local_due += lead + lead_error if lead else 0
+            local_due, est, lead = self._local_due(due)
             delay = (local_due - us(self.clock.now())) / 1e6
             if delay > 0:
                 await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
@@ -386,6 +352,27 @@ class Worker:
                             "lost", len(runs), from_us(due).isoformat(), _some(runs), why, now - waiting_since)
                 return None
             await self.clock.sleep(ESTIMATE_POLL)
+
+    def _local_due(self, due: int) -> tuple[int, ClockEstimate | None, int]:
+        """The local wall instant (us) by which the cluster's clock has certainly reached
+        ``due`` by the newest estimate, that estimate (None if none), and the leader's lead."""
+        est = self.cluster.estimate()
+        leader = self.svc.node.leader()
+        lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, leader)
+        if not lead and leader is not None:
+            # Not recorded (yet): a newly elected leader far from the others commits its lead
+            # only after its barrier, while the slots the previous leader claimed fire now.
+            # This node's own estimates of the members' clocks tell the same lead.
+            followers = len(self.svc.node.status().partners)  # the cluster less the leader
+            lead, lead_error = estimated_lead_us(self.svc.node.member_clocks(), leader, self.max_skew, followers)
+        basis = est or self.cluster.last
+        local_due = due if basis is None else not_before_local_us(due, basis)
+        # A leader that recorded its own clock far from most of its followers' (NodeClock on
+        # itself, see scheduler.skew.ClockGuard) plans by their median clock, and so do the
+        # workers: ahead, the attempt is held back by the lead; behind, it is not held for
+        # the slow clock (SkewWatch.planning_now_us).
+        local_due += lead + lead_error if lead else 0
+        return local_due, est, lead
 
     def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
         """Whether this node's clock is near enough the cluster's to start an attempt.
@@ -420,6 +407,11 @@ class Worker:
                 await self._flush_starts()
                 await self._flush_results()
                 backoff = self.flush_interval
+                if self._starts:
+                    # More than one entry's worth: the rest go next period, results in between.
+                    # (Left waiting for another attempt's kick, starts of long attempts went
+                    # unreported until the leader counted the claims lost and ran them again.)
+                    self._kick.set()
             except RaftcronError as exc:
                 log.warning("reports not committed yet (%s); retrying", exc)
                 # Floored: a flush interval of 0 (gather nothing) must not retry in a tight loop.
@@ -449,12 +441,10 @@ class Worker:
         batch = dict(list(self._starts.items())[:BATCH])
         now = self.cluster.now_us()
         lease_until = now + int(self.lease * 1e6)
-        result, _ = await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
-                                                     started_us=batch, lease_until_us=lease_until), attempts=1)
+        await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
+                                         started_us=batch, lease_until_us=lease_until), attempts=1)
         for rid in batch:
             self._starts.pop(rid, None)
-        if self._reserved and isinstance(result, dict):
-            self._take_reserved(result)
 
     async def _flush_results(self) -> None:
         while self._results:
