@@ -225,6 +225,9 @@ class Worker:
             try:
                 outcome = self._take_up(run, due, base_us, base_mono, late_mono, limit, silent)
             except Exception as exc:  # noqa: BLE001 - one attempt's fault must not drop the rest of the wave
+                if run["id"] not in self._tasks:  # not launched: nothing to report or renew
+                    self._starts.pop(run["id"], None)
+                    self._running.discard(run["id"])
                 self.declined += 1
                 log.error("not starting %s run %s: %s: %s", run["job"], run["id"], type(exc).__name__, exc)
                 continue
@@ -276,17 +279,20 @@ class Worker:
     def _launch(self, attempt: Attempt, started: int) -> None:
         """Start an attempt's executor; its start goes into the next report."""
         rid = attempt.run_id
-        self._starts[rid] = started
-        self._running.add(rid)
-        self.fired += 1
-        if self.on_start is not None:
-            self.on_start(attempt.job, (started - us(attempt.slot)) / 1e6)
-        if log.isEnabledFor(logging.INFO):
-            log.info("started %s attempt %d of slot %s (run %s)", attempt.job, attempt.attempt,
-                     attempt.slot.isoformat(), rid)
         task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{attempt.job}@{rid}")
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._forget, rid))
+        self._starts[rid] = started
+        self._running.add(rid)
+        self.fired += 1
+        try:
+            if self.on_start is not None:
+                self.on_start(attempt.job, (started - us(attempt.slot)) / 1e6)
+        except Exception as exc:  # noqa: BLE001 - an observer's fault is not the attempt's
+            log.error("start observer raised on run %s: %s: %s", rid, type(exc).__name__, exc)
+        if log.isEnabledFor(logging.INFO):
+            log.info("started %s attempt %d of slot %s (run %s)", attempt.job, attempt.attempt,
+                     attempt.slot.isoformat(), rid)
 
     async def _run(self, attempt: Attempt, started: int) -> None:
         rid, kind = attempt.run_id, attempt.executor

@@ -322,16 +322,26 @@ async def test_an_estimate_that_moves_between_slices_holds_the_rest_of_the_wave_
 
 async def test_one_attempt_that_raises_on_its_way_out_does_not_drop_the_rest_of_its_wave() -> None:
     clock, state, service, worker, rec = await _setup(jobs=5)
+    job = state.job
 
-    def on_start(job: str, _late: float) -> None:
-        if job == "j0002":
+    def faulty(name: str) -> Any:
+        if name == "j0002":
+            raise RuntimeError("a bug reading this job")
+        return job(name)
+
+    def on_start(name: str, _late: float) -> None:
+        if name == "j0003":
             raise RuntimeError("an observer's bug")
 
     worker.on_start = on_start
     try:
         await _claim(service, [f"j{i:04d}" for i in range(5)], T0 + timedelta(seconds=5), "boom")
+        state.job = faulty  # type: ignore[method-assign]
         clock.advance(5.0)
         await _settle()
+        state.job = job  # type: ignore[method-assign]
+        # j0003's observer failed after it started: it runs all the same, and is reported.
         assert sorted(a.job for a, _ in rec.fired) == ["j0000", "j0001", "j0003", "j0004"]
+        assert worker.declined == 1 and not [r for r in worker._running if state.runs[r]["job"] == "j0002"]
     finally:
         await worker.stop()
