@@ -215,13 +215,12 @@ class Worker:
                 # sample) sends the rest back to wait for it, never early.
                 await asyncio.sleep(0)
                 silent = self.svc.node.leader_contact_age()
-                local_due, est, lead = self._local_due(due)
-                now_local = us(self.clock.now())
-                if est is None or now_local < local_due or not self._clock_ok(est, lead):
+                past, _, ready = self._past_instant(due)
+                if not ready:
                     for rest in runs[i:]:
                         self._schedule(rest)
                     break
-                late_mono = self.clock.monotonic() - (now_local - local_due) / 1e6
+                late_mono = self.clock.monotonic() - past
             try:
                 outcome = self._take_up(run, due, base_us, base_mono, late_mono, limit, silent)
             except Exception as exc:  # noqa: BLE001 - one attempt's fault must not drop the rest of the wave
@@ -341,13 +340,12 @@ class Worker:
         """
         waiting_since: float | None = None
         while True:
-            local_due, est, lead = self._local_due(due)
-            delay = (local_due - us(self.clock.now())) / 1e6
-            if delay > 0:
-                await self.clock.sleep(delay if est is not None else min(delay, ESTIMATE_POLL))
+            past, est, ready = self._past_instant(due)
+            if past < 0:
+                await self.clock.sleep(-past if est is not None else min(-past, ESTIMATE_POLL))
                 continue
-            if est is not None and self._clock_ok(est, lead):
-                return (us(self.clock.now()) - local_due) / 1e6
+            if ready:
+                return past
             now = self.clock.monotonic()
             if waiting_since is None:
                 waiting_since = now
@@ -359,9 +357,10 @@ class Worker:
                 return None
             await self.clock.sleep(ESTIMATE_POLL)
 
-    def _local_due(self, due: int) -> tuple[int, ClockEstimate | None, int]:
-        """The local wall instant (us) by which the cluster's clock has certainly reached
-        ``due`` by the newest estimate, that estimate (None if none), and the leader's lead."""
+    def _past_instant(self, due: int) -> tuple[float, ClockEstimate | None, bool]:
+        """Seconds this node is past the instant ``due`` by the newest estimate (negative:
+        before it), that estimate (None if none), and whether an attempt may start: the
+        instant reached, an estimate known and this node's clock trusted (``_clock_ok``)."""
         est = self.cluster.estimate()
         leader = self.svc.node.leader()
         lead, lead_error = leader_lead_us(self.state.clocks, self.state.nodes, leader)
@@ -378,7 +377,8 @@ class Worker:
         # workers: ahead, the attempt is held back by the lead; behind, it is not held for
         # the slow clock (SkewWatch.planning_now_us).
         local_due += lead + lead_error if lead else 0
-        return local_due, est, lead
+        past = (us(self.clock.now()) - local_due) / 1e6
+        return past, est, past >= 0 and est is not None and self._clock_ok(est, lead)
 
     def _clock_ok(self, est: ClockEstimate, lead_us: int) -> bool:
         """Whether this node's clock is near enough the cluster's to start an attempt.
