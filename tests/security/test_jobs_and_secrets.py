@@ -175,7 +175,10 @@ def test_an_agent_not_running_as_root_refuses_a_shell_user(tmp_path: Path) -> No
     data.mkdir(mode=0o777)
     code, out = exits_with(["--node-id", "n1", "--raft-addr", free_addr(), "--http-addr", free_addr(),
                             "--data-dir", str(data), "--secret", SECRET, "--allow-shell", "--shell-user", "nobody"],
-                           base_env(), launcher=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
+                           # Non-root, yet able to read a checkout kept in a directory only root may enter
+                           # (a clone in ``mktemp -d``, mode 0700): reading, not the root check, is lent.
+                           base_env(), launcher=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                 "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"))
     assert code == 2, out
     assert "--shell-user 'nobody' needs the agent to run as root" in out
 
