@@ -96,6 +96,20 @@ class LeaderConfig:
     burst_share: float = 0.25
     burst_lookahead: int = 300
     burst_rate: float | None = None
+    # Losses in bulk: with 100,000 slots due at one instant each node starts what it can
+    # within the late limit and declines the rest, and at the start deadline the leader found
+    # ~50,000 claims lost in one scan. It proposed their expiry and their retries back to
+    # back, ~250 entries, and the last retries were applied on the workers 5 s and more after
+    # they were made, past their instant: declined again, until each slot had used its
+    # attempts and was dead. So each scan expires at most ``expiries_per_scan`` attempts and
+    # claims at most ``retries_per_scan`` retries (the rest at the next scans), and when at
+    # least ``retry_crowd`` retries come due in one scan they are claimed a horizon ahead of
+    # now, as a burst of slots is, instead of due at once (a retry after a failure whose
+    # backoff ends sooner than that waits for it too). One loss, or a few hundred, is retried
+    # as before, due at once.
+    expiries_per_scan: int = 4000
+    retries_per_scan: int = 2000
+    retry_crowd: int = 500
 
 
 class LeaderLoop:
@@ -355,7 +369,7 @@ class LeaderLoop:
             for r in active:
                 if r["job"] not in jobs and (j := self.state.job(r["job"])) is not None:
                     jobs[r["job"]] = j
-            claims += due_retries(active, jobs, now, picker, self.cfg.plan.horizon_us)
+            claims += self._retries(active, jobs, now, picker)
             scan_cost += time.perf_counter() - began
         if self.state.pending_deps:
             pending = list(self.state.pending_deps.values())
@@ -387,11 +401,26 @@ class LeaderLoop:
             scan_cost += time.perf_counter() - began
         self._scanned_cost(scan_cost)
         if expired:
-            log.warning("leases lapsed for %d attempt(s): %s", len(expired), ", ".join(expired[:10]))
+            left = len(expired) - self.cfg.expiries_per_scan
+            expired = expired[: self.cfg.expiries_per_scan]  # the rest at the next scans (LeaderConfig)
+            log.warning("leases lapsed for %d attempt(s)%s: %s", len(expired),
+                        f" ({left} more at the next scans)" if left > 0 else "", ", ".join(expired[:10]))
             term = self.svc.node.status().term
             for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
                 await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
                                                   runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+
+    def _retries(self, active: list[RunRecord], jobs: dict[str, Job], now: int, picker: Picker) -> list[Claim]:
+        """The retries due at this scan, at most ``retries_per_scan`` of them; a crowd of them
+        (``retry_crowd`` or more) is claimed a horizon ahead (see ``LeaderConfig``)."""
+        horizon = self.cfg.plan.horizon_us
+        claims = due_retries(active, jobs, now, picker, horizon, limit=self.cfg.retries_per_scan)
+        if len(claims) < self.cfg.retry_crowd:
+            return claims
+        ahead = now + horizon
+        log.info("%d retries due at once: claimed to start %.1fs from now", len(claims), horizon / 1e6)
+        return [replace(c, not_before_us=ahead) if c.status == "claimed" and (c.not_before_us or 0) < ahead else c
+                for c in claims]
 
     def _scanned_cost(self, seconds: float) -> None:
         """A scan's cost, walking the active attempts three times: the next scan waits until

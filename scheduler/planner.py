@@ -299,14 +299,17 @@ def _record(plan: JobPlan, job: Job, slots: list[int], status: StatusName, trigg
 
 
 def due_retries(runs: list[RunRecord], jobs: dict[str, Job], now_us: int, picker: Picker,
-                horizon_us: int = 0) -> list[Claim]:
+                horizon_us: int = 0, *, limit: int | None = None) -> list[Claim]:
     """Attempts waiting for a retry (failed with retries left, or lost under at-least-once).
 
     Like slots, retries are claimed up to ``horizon_us`` ahead and fired by the
-    worker at their backoff instant (``not_before_us``).
+    worker at their backoff instant (``not_before_us``). At most ``limit`` claims (the
+    first in ``runs``' order); the rest are due again at the next call.
     """
-    claims = []
+    claims: list[Claim] = []
     for run in runs:
+        if limit is not None and len(claims) >= limit:
+            break
         if run["status"] not in AWAITING_RETRY or run["next"] is not None:
             continue
         if run["retry_at_us"] is None or run["retry_at_us"] > now_us + horizon_us:

@@ -19,7 +19,7 @@ from typing import Any
 from memraft import MemoryCommitter, MemoryNode
 
 from scheduler.clock import FakeClock
-from scheduler.commands import PutJob, RegisterNode
+from scheduler.commands import ClaimSlots, Command, ExpireRuns, PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import from_us, us
 from scheduler.leader import LeaderConfig, LeaderLoop
@@ -76,7 +76,8 @@ class Sim:
         await self.worker.stop()
 
 
-async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | None = None) -> Sim:
+async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | None = None,
+               cfg: LeaderConfig | None = None) -> Sim:
     clock = FakeClock(start)
     state = State()
     node = MemoryNode(state)
@@ -84,7 +85,7 @@ async def _sim(start: datetime, verdict: Callable[[Attempt], OutcomeStatus] | No
     executor = FakeExecutor(clock, verdict or (lambda a: OutcomeStatus.SUCCEEDED))
     # Reports are gathered for no time: a batch is what is ready when the reporter runs.
     worker = Worker(service, clock, {"http": executor, "shell": executor}, lease=5.0, flush_interval=0.0)
-    leader = LeaderLoop(service, clock, LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig()), lambda: {"n1"})
+    leader = LeaderLoop(service, clock, cfg or LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig()), lambda: {"n1"})
     node.hooks += [lambda a: worker.on_applied(a, False), leader.notify]
     await service.propose(RegisterNode(at_us=us(start), node_id="n1", raft_addr="mem:1", http_addr="mem:2"))
     worker.start()
@@ -476,5 +477,61 @@ async def test_a_slow_scan_of_the_attempts_in_flight_runs_less_often() -> None:
         for _ in range(40):
             await sim.step(0.05)
         assert sim.leader.scans - before >= 14, sim.leader.scans - before
+    finally:
+        await sim.close()
+
+
+async def test_losses_in_bulk_are_expired_and_retried_a_slice_per_scan_and_a_crowd_of_retries_ahead() -> None:
+    # 100,000 slots due at one instant: the leader found ~50,000 claims lost in one scan and
+    # proposed their expiries and retries back to back; the last retries reached the workers
+    # past their instant and were declined again until the slots were dead. Scaled down: 33
+    # slots at one instant, all declined (the worker cut off through it), at most 8 expired
+    # and 5 retried per scan, and 4 or more retries at once claimed a horizon ahead: six scans
+    # of 5 (a crowd each), then the last 3 (not a crowd: due at once, as a lone loss is).
+    cfg = LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig(), expiries_per_scan=8, retries_per_scan=5,
+                       retry_crowd=4)
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC), cfg=cfg)
+    proposed: list[Command] = []
+    propose = sim.service.propose
+
+    async def recording(cmd: Command, **kwargs: Any) -> Any:
+        proposed.append(cmd)
+        return await propose(cmd, **kwargs)
+
+    sim.service.propose = recording  # type: ignore[method-assign]
+    instant = datetime(2026, 6, 1, 12, 0, 10, tzinfo=UTC)
+    jobs = [f"hourly-{i:02d}" for i in range(33)]
+    try:
+        for name in jobs:
+            await sim.put(_job(name, "10 0 12 * * *"))
+        for _ in range(9):
+            await sim.step(1.0)
+        sim.node.silent = 4.0  # cut off through the instant: every attempt is declined
+        for _ in range(3):
+            await sim.step(1.0)
+        assert sim.executor.fired == [] and sim.worker.declined == 33
+        sim.node.silent = 0.0
+        for _ in range(400):
+            await sim.step(0.1)
+        expiries = [cmd for cmd in proposed if isinstance(cmd, ExpireRuns)]
+        assert sorted(len(cmd.runs) for cmd in expiries) == [1, 8, 8, 8, 8]
+        # Each scan's retries go in one entry here (the jobs are daily: no other claims are due).
+        scans = [[c for c in cmd.claims if c.trigger == "retry"] for cmd in proposed if isinstance(cmd, ClaimSlots)]
+        scans = [s for s in scans if s]
+        assert [len(s) for s in scans] == [5, 5, 5, 5, 5, 5, 3], [len(s) for s in scans]
+        claimed_at = {c.retry_of: cmd.at_us for cmd in proposed if isinstance(cmd, ClaimSlots) for c in cmd.claims}
+        fired = {a.job: (a, at) for a, at in sim.executor.fired}
+        assert sorted(fired) == jobs, "every slot ran once, by its retry"
+        for retries in scans:
+            for c in retries:
+                at_us = claimed_at[c.retry_of]
+                attempt, at = fired[c.job]
+                assert attempt.slot == instant and attempt.attempt == 2
+                if len(retries) >= cfg.retry_crowd:
+                    assert c.not_before_us == at_us + cfg.plan.horizon_us, "a crowd of retries is claimed a horizon ahead"
+                    assert at == from_us(at_us + cfg.plan.horizon_us), "and starts at that instant"
+                else:
+                    assert c.not_before_us is not None and c.not_before_us < at_us, "a few are due at once"
+                    assert at == from_us(at_us), "and start as soon as they are claimed"
     finally:
         await sim.close()
