@@ -106,10 +106,15 @@ class LeaderConfig:
     # least ``retry_crowd`` retries come due in one scan they are claimed a horizon ahead of
     # now, as a burst of slots is, instead of due at once (a retry after a failure whose
     # backoff ends sooner than that waits for it too). One loss, or a few hundred, is retried
-    # as before, due at once.
+    # as before, due at once. The caps are for scans ``scan_unit`` seconds apart; when scans
+    # are rarer (a slow scan runs less often, see ``scan_share``) they grow with the gap, up to
+    # ``scan_units_max`` times, and a crowd's lead with them (with 100,000 attempts in flight
+    # scans came every 3-4 s, and at 4,000 a scan the expiries alone took 35 s).
     expiries_per_scan: int = 4000
     retries_per_scan: int = 2000
     retry_crowd: int = 500
+    scan_unit: float = 0.5
+    scan_units_max: float = 4.0
 
 
 class LeaderLoop:
@@ -138,6 +143,7 @@ class LeaderLoop:
         self._unreachable_since: dict[str, float] = {}
         self._picker: Picker | None = None
         self._scanned = float("-inf")
+        self._scan_gap = 0.0  # seconds between the last two scans
         self._scan_cost = 0.0  # seconds per scan (moving average)
         self.scan_every = cfg.scan  # seconds between scans, from their cost (LeaderConfig.scan_share)
         self.scans = 0
@@ -316,6 +322,7 @@ class LeaderLoop:
             active = self.state.active_runs()
             self._picker = self.svc.picker(live, active)
             self._picked_nodes = len(self.state.nodes)
+            self._scan_gap = mono - self._scanned
             self._scanned = mono
             self.scans += 1
             scan_cost += time.perf_counter() - began
@@ -401,8 +408,9 @@ class LeaderLoop:
             scan_cost += time.perf_counter() - began
         self._scanned_cost(scan_cost)
         if expired:
-            left = len(expired) - self.cfg.expiries_per_scan
-            expired = expired[: self.cfg.expiries_per_scan]  # the rest at the next scans (LeaderConfig)
+            cap = int(self.cfg.expiries_per_scan * self._scan_units())
+            left = len(expired) - cap
+            expired = expired[:cap]  # the rest at the next scans (LeaderConfig)
             log.warning("leases lapsed for %d attempt(s)%s: %s", len(expired),
                         f" ({left} more at the next scans)" if left > 0 else "", ", ".join(expired[:10]))
             term = self.svc.node.status().term
@@ -414,13 +422,21 @@ class LeaderLoop:
         """The retries due at this scan, at most ``retries_per_scan`` of them; a crowd of them
         (``retry_crowd`` or more) is claimed a horizon ahead (see ``LeaderConfig``)."""
         horizon = self.cfg.plan.horizon_us
-        claims = due_retries(active, jobs, now, picker, horizon, limit=self.cfg.retries_per_scan)
+        units = self._scan_units()
+        claims = due_retries(active, jobs, now, picker, horizon, limit=int(self.cfg.retries_per_scan * units))
         if len(claims) < self.cfg.retry_crowd:
             return claims
-        ahead = now + horizon
-        log.info("%d retries due at once: claimed to start %.1fs from now", len(claims), horizon / 1e6)
+        # A scan's retries go out in entries one after another: more of them, further ahead
+        # (with 8,000 at 2 s ahead, the last 600 reached the workers past their instant).
+        ahead = now + int(horizon * units)
+        log.info("%d retries due at once: claimed to start %.1fs from now", len(claims), (ahead - now) / 1e6)
         return [replace(c, not_before_us=ahead) if c.status == "claimed" and (c.not_before_us or 0) < ahead else c
                 for c in claims]
+
+    def _scan_units(self) -> float:
+        """How many times the per-scan caps (and a crowd of retries' lead) this scan takes: the
+        gap since the previous scan in ``scan_unit``s, from 1 to ``scan_units_max``."""
+        return min(self.cfg.scan_units_max, max(1.0, self._scan_gap / self.cfg.scan_unit))
 
     def _scanned_cost(self, seconds: float) -> None:
         """A scan's cost, walking the active attempts three times: the next scan waits until

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from memraft import MemoryCommitter, MemoryNode
 
 from scheduler.clock import FakeClock
@@ -533,5 +534,49 @@ async def test_losses_in_bulk_are_expired_and_retried_a_slice_per_scan_and_a_cro
                 else:
                     assert c.not_before_us is not None and c.not_before_us < at_us, "a few are due at once"
                     assert at == from_us(at_us), "and start as soon as they are claimed"
+    finally:
+        await sim.close()
+
+
+@pytest.mark.parametrize(("scan", "per_scan"), [(0.5, 4), (1.0, 8), (5.0, 16)])
+async def test_the_caps_on_losses_in_bulk_grow_with_the_gap_between_scans(scan: float, per_scan: int) -> None:
+    # With 100,000 attempts in flight a scan took ~460 ms and ran every 3-4 s; at a fixed cap a
+    # scan, expiring 44,797 declined attempts took 35 s. The caps are for scans 0.5 s apart
+    # (``scan_unit``) and grow with the gap, at most 4 times (``scan_units_max``), and so does
+    # the lead of a crowd of retries (here every scan's retries are a crowd).
+    cfg = LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig(), scan=scan, expiries_per_scan=4, retries_per_scan=2,
+                       retry_crowd=2)
+    sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC), cfg=cfg)
+    proposed: list[Command] = []
+    propose = sim.service.propose
+
+    async def recording(cmd: Command, **kwargs: Any) -> Any:
+        proposed.append(cmd)
+        return await propose(cmd, **kwargs)
+
+    sim.service.propose = recording  # type: ignore[method-assign]
+    jobs = [f"hourly-{i:02d}" for i in range(40)]
+    try:
+        for name in jobs:
+            await sim.put(_job(name, "10 0 12 * * *"))
+        for _ in range(9):
+            await sim.step(1.0)
+        sim.node.silent = 4.0
+        for _ in range(3):
+            await sim.step(1.0)
+        sim.node.silent = 0.0
+        for _ in range(1200):
+            await sim.step(0.1)
+        expiries = [len(cmd.runs) for cmd in proposed if isinstance(cmd, ExpireRuns)]
+        assert sum(expiries) == 40 and max(expiries) == per_scan, expiries
+        retries = [n for cmd in proposed if isinstance(cmd, ClaimSlots)
+                   if (n := sum(c.trigger == "retry" for c in cmd.claims))]
+        assert sum(retries) == 40 and max(retries) == per_scan // 2, retries
+        units = per_scan // 4
+        for cmd in proposed:
+            if isinstance(cmd, ClaimSlots) and sum(c.trigger == "retry" for c in cmd.claims) >= 2:
+                assert {c.not_before_us for c in cmd.claims} == {cmd.at_us + units * cfg.plan.horizon_us}
+        assert sorted(a.job for a, _ in sim.executor.fired) == jobs
+        assert all(a.attempt == 2 for a, _ in sim.executor.fired), "no retry came up past its instant"
     finally:
         await sim.close()
