@@ -482,6 +482,32 @@ async def test_a_slow_scan_of_the_attempts_in_flight_runs_less_often() -> None:
         await sim.close()
 
 
+def _recorded(sim: Sim) -> list[Command]:
+    """Every command proposed through the sim's service from now on, in order."""
+    proposed: list[Command] = []
+    propose = sim.service.propose
+
+    async def recording(cmd: Command, **kwargs: Any) -> Any:
+        proposed.append(cmd)
+        return await propose(cmd, **kwargs)
+
+    sim.service.propose = recording  # type: ignore[method-assign]
+    return proposed
+
+
+async def _declined_at_ten_past_noon(sim: Sim, jobs: list[str]) -> None:
+    """Daily jobs due at 12:00:10 (the sim starts at 12:00), every attempt declined: the worker
+    is cut off from the leader through the instant, then hears from it again."""
+    for name in jobs:
+        await sim.put(_job(name, "10 0 12 * * *"))
+    for _ in range(9):
+        await sim.step(1.0)
+    sim.node.silent = 4.0
+    for _ in range(3):
+        await sim.step(1.0)
+    sim.node.silent = 0.0
+
+
 async def test_losses_in_bulk_are_expired_and_retried_a_slice_per_scan_and_a_crowd_of_retries_ahead() -> None:
     # 100,000 slots due at one instant: the leader found ~50,000 claims lost in one scan and
     # proposed their expiries and retries back to back; the last retries reached the workers
@@ -492,26 +518,12 @@ async def test_losses_in_bulk_are_expired_and_retried_a_slice_per_scan_and_a_cro
     cfg = LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig(), expiries_per_scan=8, retries_per_scan=5,
                        retry_crowd=4)
     sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC), cfg=cfg)
-    proposed: list[Command] = []
-    propose = sim.service.propose
-
-    async def recording(cmd: Command, **kwargs: Any) -> Any:
-        proposed.append(cmd)
-        return await propose(cmd, **kwargs)
-
-    sim.service.propose = recording  # type: ignore[method-assign]
+    proposed = _recorded(sim)
     instant = datetime(2026, 6, 1, 12, 0, 10, tzinfo=UTC)
     jobs = [f"hourly-{i:02d}" for i in range(33)]
     try:
-        for name in jobs:
-            await sim.put(_job(name, "10 0 12 * * *"))
-        for _ in range(9):
-            await sim.step(1.0)
-        sim.node.silent = 4.0  # cut off through the instant: every attempt is declined
-        for _ in range(3):
-            await sim.step(1.0)
+        await _declined_at_ten_past_noon(sim, jobs)
         assert sim.executor.fired == [] and sim.worker.declined == 33
-        sim.node.silent = 0.0
         for _ in range(400):
             await sim.step(0.1)
         expiries = [cmd for cmd in proposed if isinstance(cmd, ExpireRuns)]
@@ -547,24 +559,10 @@ async def test_the_caps_on_losses_in_bulk_grow_with_the_gap_between_scans(scan: 
     cfg = LeaderConfig(tick=0.01, lease=5.0, plan=PlanConfig(), scan=scan, expiries_per_scan=4, retries_per_scan=2,
                        retry_crowd=2)
     sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC), cfg=cfg)
-    proposed: list[Command] = []
-    propose = sim.service.propose
-
-    async def recording(cmd: Command, **kwargs: Any) -> Any:
-        proposed.append(cmd)
-        return await propose(cmd, **kwargs)
-
-    sim.service.propose = recording  # type: ignore[method-assign]
+    proposed = _recorded(sim)
     jobs = [f"hourly-{i:02d}" for i in range(40)]
     try:
-        for name in jobs:
-            await sim.put(_job(name, "10 0 12 * * *"))
-        for _ in range(9):
-            await sim.step(1.0)
-        sim.node.silent = 4.0
-        for _ in range(3):
-            await sim.step(1.0)
-        sim.node.silent = 0.0
+        await _declined_at_ten_past_noon(sim, jobs)
         for _ in range(1200):
             await sim.step(0.1)
         expiries = [len(cmd.runs) for cmd in proposed if isinstance(cmd, ExpireRuns)]
