@@ -28,6 +28,7 @@ from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode, 
 from raftlog.heap import FreezeAfterSlowCollections
 from raftlog.space import MIN_FREE
 from scheduler.clock import SystemClock
+from scheduler.commands import APPLIES
 from scheduler.duration import parse_duration
 from scheduler.executors import HttpExecutor, ShellExecutor
 from scheduler.executors.http import CONNECTIONS_PER_HOST
@@ -221,7 +222,7 @@ class Agent:
         _private_dir(c.data_dir)
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
-                       compaction_entries=c.compaction_entries, min_free=c.min_free),
+                       compaction_entries=c.compaction_entries, min_free=c.min_free, applies=APPLIES),
             self.state, on_applied=runtime.applied_from_raft, on_role=runtime.role_from_raft,
         )
         await asyncio.to_thread(node.start)

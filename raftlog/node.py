@@ -106,6 +106,11 @@ class NodeConfig:
     # Ask before an election (see raftlog.prevote). Off: this node neither asks nor announces
     # it, as a node of an earlier release would (it still answers a peer that asks).
     prevote: bool = True
+    # The entry forms of the state machine this node applies beyond those every release does,
+    # announced in its keepalives: a leader proposes such an entry only once every member has
+    # announced it applies it (``RaftNode.peers_apply``), so no member of an older release is
+    # ever handed an entry it would refuse while the others apply it.
+    applies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +219,10 @@ class RaftNode:
         self._last_term: int | None = None  # None: on_role not called yet
         self._cached: NodeStatus | None = None
         self._last_keepalive = 0.0
+        self._keepalive_message: dict[str, Any] | None = None
+        # The other members as the raft thread last saw them (membership changes at run time);
+        # None until its first keepalive tick. See peers_apply.
+        self._others: frozenset[str] | None = None
         self._last_tick = time.monotonic()
         self._pacer: _Pacer | None = None
         self._prevote: PreVote | None = None  # made with the pacer; see raftlog.prevote
@@ -585,7 +594,20 @@ class RaftNode:
         if now - self._last_keepalive < self.config.keepalive:
             return
         self._last_keepalive = now
-        keepalive = KEEPALIVE if self.config.prevote else {k: v for k, v in KEEPALIVE.items() if k != "prevote"}
+        self._others = frozenset(str(n.id) for n in host.otherNodes)
+        c = self.config
+        keepalive = self._keepalive_message
+        if keepalive is None:
+            keepalive = dict(KEEPALIVE) if c.prevote else {k: v for k, v in KEEPALIVE.items() if k != "prevote"}
+            if c.applies:
+                keepalive["applies"] = list(c.applies)
+            self._keepalive_message = keepalive
+        if c.applies:
+            # And the forms it has heard every member announce: as leader it proposes those
+            # (see leader_uses), which a follower's worker may rely on.
+            everywhere = [form for form in c.applies if self.peers_apply(form)]
+            if keepalive.get("all_apply") != everywhere:
+                keepalive = self._keepalive_message = {**keepalive, "all_apply": everywhere}
         send_keepalives(host._SyncObj__transport, host.otherNodes, self._clock, keepalive)
 
     def _tell_role(self, change: RoleChange) -> None:
@@ -620,6 +642,38 @@ class RaftNode:
         if cached.raft_thread_alive != alive:
             cached = replace(cached, raft_thread_alive=alive)
         return cached
+
+    def peers_apply(self, form: str) -> bool:
+        """Whether every other member announced, in the newest keepalive this process heard
+        from it, that it applies entries of ``form`` (``NodeConfig.applies``). False for a
+        member not heard since this process started, and for one that came back on a release
+        without it; so also while such a member is down. The members are the raft thread's
+        current ones (``members add`` / ``remove`` change them), False before its first tick.
+        Any thread.
+
+        Only for going forward: a member that applied such entries and is then started on an
+        older release replays them from its own log, and refuses them."""
+        pacer, others = self._pacer, self._others
+        if pacer is None or others is None:
+            return False
+        heard = pacer.applies
+        return all(form in heard.get(peer, ()) for peer in others)
+
+    def leader_uses(self, form: str) -> bool:
+        """Whether the leader proposes entries of ``form``: this node leading, once every peer
+        announced it applies it (``peers_apply``); a follower, once the leader's newest keepalive
+        said it heard them all. False with no leader, and with a leader whose keepalive this
+        process has not heard since it started or since the leader changed its mind: a worker
+        reading it may be a keepalive behind the leader, which is why the entries it gates
+        must stay safe read either way (``scheduler.worker.Worker._take_reserved`` checks it
+        again when the start commits). Any thread."""
+        leader = self.status().leader
+        if leader is None:
+            return False
+        if leader == self.config.raft_addr:
+            return self.peers_apply(form)
+        pacer = self._pacer
+        return pacer is not None and form in pacer.all_apply.get(leader, ())
 
     # ---- the cluster's clock -------------------------------------------------------
 

@@ -58,6 +58,11 @@ class _Pacer:
         self._forwarded = False  # a follower forwarded a command since the last tick
         self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
         self._deliver = host._SyncObj__onMessageReceived
+        # Peer id -> the entry forms it announced it applies, from its newest keepalive
+        # (``RaftNode.peers_apply``); each value replaced whole, so any thread may read it.
+        self.applies: dict[str, frozenset[str]] = {}
+        # And the forms it heard every member announce (``RaftNode.leader_uses``).
+        self.all_apply: dict[str, frozenset[str]] = {}
         host._SyncObj__transport.setOnMessageReceivedCallback(self.inbound)
 
     def wake(self) -> None:
@@ -123,6 +128,11 @@ class _Pacer:
                 _note(self._clock.peers, node, bool(message.get("clock")))
             if self._prevote is not None:
                 _note(self._prevote.peers, node, bool(message.get("prevote")))
+            for key, heard in (("applies", self.applies), ("all_apply", self.all_apply)):
+                forms = message.get(key)
+                announced = frozenset(f for f in forms if type(f) is str) if type(forms) is list else frozenset()
+                if announced or heard:  # absent reads as empty
+                    heard[node.id] = announced
         elif kind == "append_entries" and self._prevote is not None and isinstance(message.get("term"), int):
             self._prevote.note_append_entries(message["term"])
         if kind == "append_entries" and message.get("entries"):

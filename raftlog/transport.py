@@ -23,7 +23,8 @@ log = logging.getLogger("raftcron.raft")
 BATCH = "rc_batch"
 # What this release reads besides pysyncobj's own types: ``batch`` (``rc_batch``),
 # ``clock`` (``rc_clock_req`` / ``rc_clock_resp``, see raftlog.clock), ``prevote``
-# (``rc_prevote_req`` / ``rc_prevote_resp``, see raftlog.prevote).
+# (``rc_prevote_req`` / ``rc_prevote_resp``, see raftlog.prevote). A node also lists there
+# the entry forms its state machine applies (``applies``, see ``NodeConfig.applies``).
 KEEPALIVE: dict[str, Any] = {"type": "rc_keepalive", "batch": 1, "clock": 1, "prevote": 1}
 
 

@@ -61,6 +61,14 @@ class RaftPort(Protocol):
         """raft address -> that member's wall clock minus the leader's; empty with no leader."""
         ...
 
+    def peers_apply(self, form: str) -> bool:
+        """Whether every other member announced it applies entries of ``form`` (``commands.APPLIES``)."""
+        ...
+
+    def leader_uses(self, form: str) -> bool:
+        """Whether the current leader heard every member announce ``form``, and so proposes it."""
+        ...
+
 
 class Committer(Protocol):
     """Commits through the raft log and awaits the applied result (``raftlog.Bridge``)."""

@@ -21,13 +21,18 @@ from .runs import StatusName, TriggerName
 __all__ = [
     "Command", "RegisterNode", "PutJob", "PutJobs", "DeleteJob", "PauseJob", "Claim", "ClaimSlots",
     "StartRuns", "RenewLeases", "FinishRuns", "ExpireRuns", "CancelRun", "DeleteDeadLetter",
-    "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "JobPlanning", "NoteNextSlots", "COMMANDS", "encode_command", "decode_command",
+    "ReportLost", "Noop", "Rejected", "AlertResults", "NodeClock", "JobPlanning", "NoteNextSlots", "COMMANDS",
+    "EXPIRE_SEEN", "APPLIES", "encode_command", "decode_command",
 ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     TAG: ClassVar[str] = ""
+    # Fields a later release added: written only when set, so a release that does not know
+    # them still reads the entries that leave them unset (and a leader sets them only once
+    # every member announced it applies them, see APPLIES).
+    LATER: ClassVar[frozenset[str]] = frozenset()
     at_us: int  # proposer's clock when it decided
 
 
@@ -169,13 +174,28 @@ class FinishRuns(Command):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExpireRuns(Command):
-    """The leader found these attempts' leases lapsed: they become ``lost``."""
+    """The leader found these attempts' leases lapsed: they become ``lost``.
+
+    ``seen``: run id -> the lease the leader saw lapse (0 for a claim it saw never started).
+    An attempt whose start or renewal committed between the leader's look and this entry
+    (its lease now later than the one seen) is alive and kept: taking it away would run its
+    slot again while it runs. Runs not in ``seen`` (entries of leaders before EXPIRE_SEEN) are
+    taken whatever happened since."""
 
     TAG: ClassVar[str] = "expire_runs"
+    LATER: ClassVar[frozenset[str]] = frozenset({"seen"})
     leader: str
     term: int
     runs: tuple[str, ...]
     reason: str = "lease expired"
+    seen: dict[str, int] = field(default_factory=dict)
+
+
+EXPIRE_SEEN = "expire_seen"
+"""The entry form of an ``expire_runs`` that carries ``seen`` (an older release refuses it)."""
+
+APPLIES: tuple[str, ...] = (EXPIRE_SEEN,)
+"""The entry forms this release applies beyond the first release's, announced to the peers."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,8 +297,11 @@ COMMANDS: dict[str, type[Command]] = {
 
 def encode_command(cmd: Command) -> bytes:
     data: dict[str, Any] = {}
+    later = _later_defaults(type(cmd)) if cmd.LATER else None
     for name, *_ in _wire_fields(type(cmd)):
         value = getattr(cmd, name)
+        if later is not None and name in later and value == later[name]:
+            continue  # unset: the entry reads as it did before the field was added
         if name == "claims":
             value = [c.to_wire() for c in value]
         elif name == "specs":
@@ -390,6 +413,18 @@ def _wire_fields(cls: type) -> tuple[tuple[str, str, bool, _Check], ...]:
     return found
 
 
+def _later_defaults(cls: type[Command]) -> dict[str, Any]:
+    """Name -> default of each of ``cls.LATER``'s fields (each has one), computed once per class."""
+    found = _LATER_DEFAULTS.get(cls)
+    if found is None:
+        found = _LATER_DEFAULTS[cls] = {
+            f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
+            for f in fields(cls) if f.name in cls.LATER
+        }
+    return found
+
+
+_LATER_DEFAULTS: dict[type, dict[str, Any]] = {}
 _UNCHECKED_NAMES = frozenset({"StatusName", "TriggerName"})
 _JUST_STR = frozenset({str})  # msgpack gives map keys as exact str
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from .clock import Clock
 from .commands import (
+    EXPIRE_SEEN,
     Claim,
     ClaimSlots,
     DeleteJob,
@@ -414,9 +415,16 @@ class LeaderLoop:
             log.warning("leases lapsed for %d attempt(s)%s: %s", len(expired),
                         f" ({left} more at the next scans)" if left > 0 else "", ", ".join(expired[:10]))
             term = self.svc.node.status().term
+            # What was seen lapse goes with the expiry, so a start or renewal that commits
+            # before it keeps its attempt (ExpireRuns.seen); once every member applies that.
+            seen: dict[str, int] = {}
+            if self.svc.node.peers_apply(EXPIRE_SEEN):
+                wanted = set(expired)
+                seen = {r["id"]: r["lease_us"] or 0 for r in active if r["id"] in wanted}
             for start in range(0, len(expired), MAX_CLAIMS_PER_COMMAND):  # short applies on every replica
-                await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term,
-                                                  runs=tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])))
+                part = tuple(expired[start : start + MAX_CLAIMS_PER_COMMAND])
+                await self.svc.propose(ExpireRuns(at_us=now, leader=self.svc.node_id, term=term, runs=part,
+                                                  seen={rid: seen[rid] for rid in part} if seen else {}))
 
     def _retries(self, active: list[RunRecord], jobs: dict[str, Job], now: int, picker: Picker) -> list[Claim]:
         """The retries due at this scan, at most ``retries_per_scan`` of them; a crowd of them

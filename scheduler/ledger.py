@@ -25,6 +25,7 @@ log index of the claiming entry and the claim's place in it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import alerts
@@ -363,11 +364,21 @@ def _trigger_dependents(state: Store, run: RunRecord) -> None:
             state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
 
 
-def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None) -> dict[str, Any]:
+def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node: str | None,
+           seen: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Take the attempts away from their nodes: retried (at-least-once, attempts left) or ended.
+
+    ``seen`` (``ExpireRuns.seen``): the lease the leader saw lapse per run, 0 for a claim not
+    started. A run whose lease is now later was started or renewed after the leader looked,
+    by a node that is running it: it is kept (``kept``)."""
     lost: list[RunRecord] = []
+    kept: list[str] = []
     for rid in run_ids:
         run = state.runs.get(rid)
         if run is None or run["status"] not in HELD or (node is not None and run["node"] != node):
+            continue
+        if seen and rid in seen and run["status"] == "running" and (run["lease_us"] or 0) > seen[rid]:
+            kept.append(rid)
             continue
         job = state.job(run["job"])
         new: RunRecord = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
@@ -386,7 +397,7 @@ def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node
             _final_loss(state, new, at_us)
         trim(state, run["job"])
         lost.append(new)
-    return {"lost": lost}
+    return {"lost": lost, "kept": kept}
 
 
 def _final_loss(state: Store, run: RunRecord, at_us: int) -> None:

@@ -181,7 +181,7 @@ class State(Store):
             case FinishRuns():
                 return ledger.finish(self, cmd)
             case ExpireRuns():
-                return ledger.expire(self, cmd.runs, cmd.at_us, cmd.reason, None)
+                return ledger.expire(self, cmd.runs, cmd.at_us, cmd.reason, None, cmd.seen)
             case ReportLost():
                 return ledger.expire(self, cmd.runs, cmd.at_us, "its node restarted", cmd.node)
             case CancelRun():

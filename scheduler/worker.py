@@ -28,6 +28,7 @@ from raftlog import ClockEstimate
 
 from .clock import Clock
 from .commands import (
+    EXPIRE_SEEN,
     CancelRun,
     ClaimSlots,
     DeleteJob,
@@ -59,8 +60,11 @@ ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's cl
 LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
 LATE_LIMIT = 2.0
 """Seconds past both its instant and its claim (by the cluster's clock) within which an attempt
-may still start (at most half a lease); later, it is declined, counted lost by the leader and
-retried.
+may start at once (at most half a lease). Later, it is reserved: reported started, and run only
+once the ledger has recorded that start for this node (``_take_reserved``), which it does only
+while the claim is still this node's; where the leader does not yet name in its expiries what
+it saw (``ExpireRuns.seen``, ``commands.EXPIRE_SEEN``), it is declined instead, counted lost
+by the leader and retried.
 
 The leader counts a claim that was not started lost a grace after the later of the two and
 claims the slot again elsewhere; a worker that started it after that would run the slot twice.
@@ -93,14 +97,19 @@ class Worker:
         self._waves: dict[int, dict[str, RunRecord]] = {}  # instant (us) -> attempts waiting for it
         self._wave_tasks: set[asyncio.Task[None]] = set()
         self._waiting: dict[str, int] = {}  # run id -> the instant of its wave
+        # Late attempts waiting for their start to commit (see LATE_LIMIT): run id -> (the
+        # attempt, when its start was asked for).
+        self._reserved: dict[str, tuple[Attempt, int]] = {}
         self._running: set[str] = set()
         self._starts: dict[str, int] = {}
         self._results: dict[str, dict[str, Any]] = {}
         self._kick = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._stopping = False  # stop() began: nothing more is launched
         self.fired = 0
         self.declined = 0  # claimed attempts not started: no leader contact, no trusted clock, or too late (see _wave)
+        self.reserved = 0  # late attempts whose start was asked of the ledger before they ran (see LATE_LIMIT)
         # Observers (metrics): called on the event loop, must not raise or block.
         self.on_start: Callable[[str, float], None] | None = None  # (job, lateness seconds)
         self.on_finish: Callable[[str, str, float], None] | None = None  # (job, status, duration seconds)
@@ -111,6 +120,9 @@ class Worker:
         self._renewer = loop.create_task(self._renew_loop(), name="worker-leases")
 
     async def stop(self) -> None:
+        # First, so a start that commits while the attempts are being cancelled does not
+        # launch a reserved one after them (it would run with nothing left to report it).
+        self._stopping = True
         tasks = [*self._wave_tasks, *self._tasks.values()]
         for t in tasks:
             t.cancel()
@@ -139,6 +151,8 @@ class Worker:
         elif isinstance(cmd, CancelRun):
             self._stop_attempts([cmd.run_id], "cancelled")
         elif isinstance(cmd, (StartRuns, RenewLeases)) and cmd.node == self.me:
+            if self._reserved and isinstance(cmd, StartRuns):
+                self._take_reserved(result)
             self._stop_attempts(result["stale"], "fenced: the ledger no longer gives this node the attempt")
         elif isinstance(cmd, ExpireRuns):
             self._stop_attempts([r["id"] for r in result["lost"] if r["node"] == self.me], "lease expired")
@@ -147,7 +161,7 @@ class Worker:
         """Add a claimed attempt to the wave of its instant: attempts due at the same instant
         (an hourly burst) wait on one timer and pass the instant's checks together."""
         rid = run["id"]
-        if rid in self._tasks or rid in self._waiting:
+        if rid in self._tasks or rid in self._waiting or rid in self._reserved:
             return
         due = fire_at_us(run)
         wave = self._waves.get(due)
@@ -172,7 +186,8 @@ class Worker:
         self._tasks.pop(rid, None)
 
     def _waiting_of(self, job: str) -> list[str]:
-        return [rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job]
+        return [*(rid for rid, due in self._waiting.items() if self._waves[due][rid]["job"] == job),
+                *(rid for rid, (attempt, _) in self._reserved.items() if attempt.job == job)]
 
     def _stop_attempts(self, run_ids: Any, why: str) -> None:
         """Stop these attempts wherever they are: waiting for their instant, or running."""
@@ -181,6 +196,11 @@ class Worker:
             if due is not None:
                 del self._waves[due][rid]
                 log.info("stopping attempt %s before its instant: %s", rid, why)
+                continue
+            if self._reserved.pop(rid, None) is not None:
+                self._starts.pop(rid, None)
+                self.declined += 1
+                log.info("stopping attempt %s before its start was committed: %s", rid, why)
                 continue
             task = self._tasks.get(rid)
             if task is not None and not task.done():
@@ -201,6 +221,7 @@ class Worker:
         silent = self.svc.node.leader_contact_age()
         cut_off: list[RunRecord] = []
         late_ones: list[RunRecord] = []
+        reserved: list[RunRecord] = []
         # The cluster's time at the wave's start and the monotonic clock from there: one
         # estimate for the wave (and one per slice) instead of one per attempt.
         base_us, base_mono = self.cluster.now_us(), self.clock.monotonic()
@@ -234,6 +255,8 @@ class Worker:
                 cut_off.append(run)
             elif outcome == "late":
                 late_ones.append(run)
+            elif outcome == "reserved":
+                reserved.append(run)
         if cut_off:
             self.declined += len(cut_off)
             log.warning("not starting %d attempt(s) due at %s (%s): no word from a leader for %.1fs; the leader "
@@ -243,11 +266,16 @@ class Worker:
             log.warning("not starting %d attempt(s) due at %s (%s): more than %gs past their instant and their claim "
                         "(this node stalled or busy); the leader will count them lost", len(late_ones),
                         from_us(due).isoformat(), _some(late_ones), limit)
+        if reserved:
+            self.reserved += len(reserved)
+            log.warning("%d attempt(s) due at %s (%s) came up more than %gs past their instant and their claim "
+                        "(this node stalled or busy): each runs once its start is committed, unless the leader "
+                        "took it back meanwhile", len(reserved), from_us(due).isoformat(), _some(reserved), limit)
         self._kick.set()
 
     def _take_up(self, run: RunRecord, due: int, base_us: int, base_mono: float, late_mono: float, limit: float,
                  silent: float) -> str:
-        """One attempt of a wave whose instant has come: launched, late, cut off or skipped."""
+        """One attempt of a wave whose instant has come: launched, reserved, late, cut off or skipped."""
         rid = run["id"]
         current = self.state.runs.get(rid)
         job = self.state.job(run["job"])
@@ -271,22 +299,62 @@ class Worker:
         # Never stamped before its instant (a reading carried forward, see ClusterTime.now).
         started = max(base_us + int((mono - base_mono) * 1e6), due)
         if mono - late_mono - max(0, run["claimed_us"] - due) / 1e6 > limit:
-            return "late"  # see LATE_LIMIT
+            # See LATE_LIMIT: started only once the ledger has recorded the start for this node.
+            if not self.svc.node.leader_uses(EXPIRE_SEEN):
+                return "late"
+            self._reserved[rid] = (attempt, started)
+            self._starts[rid] = started
+            return "reserved"
         self._launch(attempt, started)
         return "launched"
 
-    def _launch(self, attempt: Attempt, started: int) -> None:
-        """Start an attempt's executor; its start goes into the next report."""
+    def _take_reserved(self, result: dict[str, Any]) -> None:
+        """Run the reserved attempts whose start the ledger recorded for this node.
+
+        ``result``: a committed ``StartRuns``'s. Its ``started`` and ``already`` runs are this
+        node's in the log's order, after anything the leader did to them before (had it taken
+        one back, that one would be ``stale``); an expiry the leader decided before the start
+        committed names the claim it saw and keeps a started attempt (``ExpireRuns.seen``).
+        Two more checks, since it is late: the leader still names what it saw (a new leader may
+        not yet), and the lease the start took has a third of it left by the cluster's clock
+        (else the leader may be about to count it lapsed). An attempt that fails them is not
+        run; its lease lapses and the leader retries the slot."""
+        if self._stopping:
+            return
+        uses = self.svc.node.leader_uses(EXPIRE_SEEN)
+        now = self.cluster.now_us()
+        short: list[str] = []
+        for rid in (*result.get("started", ()), *result.get("already", ())):
+            held = self._reserved.pop(rid, None)
+            if held is None:
+                continue
+            run = self.state.runs.get(rid)
+            if (not uses or run is None or run["status"] != "running" or run["node"] != self.me
+                    or (run["lease_us"] or 0) - now < self.lease / 3 * 1e6):
+                short.append(rid)
+                continue
+            attempt, started = held
+            self._launch(attempt, started, reported=True)  # renewed from here on, as any
+        if short:
+            self.declined += len(short)
+            log.warning("not running %d late attempt(s) (%s): their start committed too late in their lease, or "
+                        "the leader does not name what it saw in expiries", len(short), ", ".join(short[:5]))
+
+    def _launch(self, attempt: Attempt, started: int, *, reported: bool = False) -> None:
+        """Start an attempt's executor; its start goes into the next report unless ``reported``
+        (a reserved attempt, whose start is committed)."""
         rid = attempt.run_id
         task = asyncio.get_running_loop().create_task(self._run(attempt, started), name=f"{attempt.job}@{rid}")
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._forget, rid))
-        self._starts[rid] = started
+        if not reported:
+            self._starts[rid] = started
         self._running.add(rid)
         self.fired += 1
         try:
             if self.on_start is not None:
-                self.on_start(attempt.job, (started - us(attempt.slot)) / 1e6)
+                at = self.cluster.now_us() if reported else started
+                self.on_start(attempt.job, (at - us(attempt.slot)) / 1e6)
         except Exception as exc:  # noqa: BLE001 - an observer's fault is not the attempt's
             log.error("start observer raised on run %s: %s: %s", rid, type(exc).__name__, exc)
         if log.isEnabledFor(logging.INFO):

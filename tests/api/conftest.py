@@ -322,3 +322,9 @@ class OneReplica:
 
     def member_clocks(self) -> Mapping[str, ClockEstimate]:
         return {"mem:1": ClockEstimate(0.0, 0.0, 0.0)}
+
+    def peers_apply(self, form: str) -> bool:
+        return True  # one replica: no peer to wait for
+
+    def leader_uses(self, form: str) -> bool:
+        return True

@@ -17,6 +17,7 @@ from typing import Any
 from raftlog import ApplyContext, ClockEstimate, RoleChange
 from raftlog.bridge import NotCommitted, UnknownOutcome
 from raftlog.node import FAIL_REASON, NodeConfig, NodeStatus
+from scheduler.commands import APPLIES
 from scheduler.state import Applied, State
 
 
@@ -32,6 +33,7 @@ class MemoryNode:
         self.hooks: list[Callable[[Applied], None]] = []
         self.role_hooks: list[Callable[[RoleChange], None]] = []  # as RaftNode(on_role=...)
         self.silent = 0.0  # seconds since the "leader" was last heard from (a partition test sets it)
+        self.peer_forms: set[str] = set(APPLIES)  # what the (absent) peers announced they apply
 
     # Setting either one is a role change, announced as the raft node announces it.
     @property
@@ -97,6 +99,12 @@ class MemoryNode:
 
     def member_clocks(self) -> Mapping[str, ClockEstimate]:
         return {"mem:1": ClockEstimate(0.0, 0.0, 0.0)} if self._leading else {}
+
+    def peers_apply(self, form: str) -> bool:
+        return form in self.peer_forms
+
+    def leader_uses(self, form: str) -> bool:
+        return self.leader() is not None and form in self.peer_forms
 
 
 class MemoryCommitter:

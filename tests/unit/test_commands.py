@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from datetime import UTC, datetime
 from typing import Any
@@ -9,9 +10,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from raftlog.codec import CodecError, encode, pack
+from raftlog.codec import CodecError, decode, encode, pack
 from scheduler.commands import (
+    APPLIES,
     COMMANDS,
+    EXPIRE_SEEN,
     AlertResults,
     CancelRun,
     Claim,
@@ -73,7 +76,8 @@ SAMPLES: dict[str, Command] = {
         {"run_id": "r2", "status": "failed", "started_us": T0, "finished_us": T0 + 4, "exit_code": 2,
          "http_status": None, "output": "", "error": "exit 2"},
     )),
-    "expire_runs": ExpireRuns(at_us=T0, leader="n1", term=7, runs=("r1", "r2"), reason="lease lapsed"),
+    "expire_runs": ExpireRuns(at_us=T0, leader="n1", term=7, runs=("r1", "r2"), reason="lease lapsed",
+                              seen={"r1": 0, "r2": T0 + 5_000_000}),
     "report_lost": ReportLost(at_us=T0, node="n2", runs=("r1",)),
     "cancel_run": CancelRun(at_us=T0, run_id="r1", reason="operator"),
     "delete_dead_letter": DeleteDeadLetter(at_us=T0, run_id="r1"),
@@ -108,7 +112,8 @@ def test_round_trip(tag: str) -> None:
 
 @pytest.mark.parametrize("tag", sorted(COMMANDS))
 def test_round_trip_with_defaults_only(tag: str) -> None:
-    # Fields left at their defaults survive too (and an encoded command always names them all).
+    # Fields left at their defaults survive too (an encoded command names them all, but for
+    # fields a later release added, see test_a_field_added_later_is_left_out_while_unset).
     cls = COMMANDS[tag]
     required = {
         "register_node": dict(node_id="n", raft_addr="a", http_addr="b"), "put_job": dict(spec=SPEC),
@@ -126,6 +131,43 @@ def test_round_trip_with_defaults_only(tag: str) -> None:
     }.get(tag, {})
     cmd = cls(at_us=0, **required)  # type: ignore[arg-type]
     assert decode_command(encode_command(cmd)) == cmd
+
+
+@pytest.mark.parametrize("tag", sorted(t for t, c in COMMANDS.items() if c.LATER))
+def test_a_field_added_later_is_left_out_while_unset(tag: str) -> None:
+    """An entry that leaves a later field unset is the entry an older release wrote and reads;
+    set, it is named (a leader sets it only once every member announced it applies it)."""
+    cls = COMMANDS[tag]
+    sample = SAMPLES[tag]
+    later = cls.LATER
+    assert later and all(getattr(sample, name) for name in later)  # the sample sets them
+    written = decode(encode_command(sample)).data
+    assert later <= set(written)
+    unset = dataclasses.replace(sample, **{name: type(getattr(sample, name))() for name in later})
+    written = decode(encode_command(unset)).data
+    assert not later & set(written)
+    assert set(written) == {f.name for f in dataclasses.fields(cls)} - later
+    assert decode_command(encode_command(unset)) == unset
+    for name in later:  # optional on the wire: a default an older entry falls back to
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        assert field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Grown(Command):
+    TAG = "grown"
+    LATER = frozenset({"limit"})
+    limit: int = 5
+
+
+def test_a_later_field_is_left_out_only_at_its_default_not_whenever_falsy() -> None:
+    assert "limit" not in decode(encode_command(_Grown(at_us=1))).data
+    assert decode(encode_command(_Grown(at_us=1, limit=0))).data["limit"] == 0  # set, though falsy
+    assert decode(encode_command(_Grown(at_us=1, limit=7))).data["limit"] == 7
+
+
+def test_expire_runs_names_the_form_peers_must_announce() -> None:
+    assert EXPIRE_SEEN in APPLIES and ExpireRuns.LATER == {"seen"}
 
 
 def test_claims_come_back_as_a_tuple_of_claims() -> None:

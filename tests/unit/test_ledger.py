@@ -457,13 +457,13 @@ def test_expire(h: Any, delivery: str, started: bool, status: str, retry_at: boo
     at = slot(1) + 20 * SEC
     out = h.ok(ExpireRuns(at_us=at, leader="n1", term=2, runs=(run["id"], "r-none"), reason="lease expired"))
     r = h.run(run["id"])
-    assert out == {"lost": [r]}
+    assert out == {"lost": [r], "kept": []}
     assert r["status"] == status and r["error"] == "lease expired" and r["finished_us"] == at
     assert r["lease_us"] is None
     assert r["retry_at_us"] == (at if retry_at else None)
     assert (run["id"] in h.state.active) is active and h.state.dead == {}
     # A lost attempt is not expired twice.
-    assert h.ok(ExpireRuns(at_us=at + SEC, leader="n1", term=2, runs=(run["id"],))) == {"lost": []}
+    assert h.ok(ExpireRuns(at_us=at + SEC, leader="n1", term=2, runs=(run["id"],))) == {"lost": [], "kept": []}
 
 
 @pytest.mark.parametrize("status", ["succeeded", "cancelled", "skipped"])
@@ -478,8 +478,44 @@ def test_expire_ignores_attempts_that_are_not_live(h: Any, status: str) -> None:
         else:
             h.ok(CancelRun(at_us=slot(1), run_id=rid))
     before = h.semantic()
-    assert h.ok(ExpireRuns(at_us=slot(2), leader="n1", term=1, runs=(rid,))) == {"lost": []}
+    assert h.ok(ExpireRuns(at_us=slot(2), leader="n1", term=1, runs=(rid,))) == {"lost": [], "kept": []}
     assert h.semantic() == before
+
+
+@pytest.mark.parametrize(("seen_as", "since", "kept"), [
+    ("claimed", "started", True),   # its start committed between the leader's look and the expiry
+    ("running", "renewed", True),   # a renewal did
+    ("claimed", "nothing", False),  # as the leader saw it: taken
+    ("running", "nothing", False),
+    ("unnamed", "started", False),  # not in ``seen`` (a leader of an earlier release): taken, as before
+])
+def test_an_expiry_keeps_an_attempt_started_or_renewed_after_the_leader_looked(
+        h: Any, seen_as: str, since: str, kept: bool) -> None:
+    """The leader decides an expiry from the state it scanned; the node's start or renewal can
+    commit before that decision does. Taking the attempt away then would retry the slot on
+    another node while this one runs it: the slot run twice."""
+    h.put("ping")
+    run = h.claim_one("ping", slot(1))
+    rid = run["id"]
+    if seen_as == "running":
+        h.start("n1", rid, at_us=slot(1), lease_until_us=slot(1) + 5 * SEC)
+    seen = {} if seen_as == "unnamed" else {rid: 0 if seen_as == "claimed" else slot(1) + 5 * SEC}
+    if since == "started":
+        h.start("n1", rid, at_us=slot(1) + 9 * SEC, lease_until_us=slot(1) + 14 * SEC)
+    elif since == "renewed":
+        h.ok(RenewLeases(at_us=slot(1) + 9 * SEC, node="n1", runs=(rid,), lease_until_us=slot(1) + 14 * SEC))
+    before = h.run(rid)
+    out = h.ok(ExpireRuns(at_us=slot(1) + 10 * SEC, leader="n1", term=1, runs=(rid,), seen=seen))
+    if kept:
+        assert out == {"lost": [], "kept": [rid]}
+        assert h.run(rid) == before and before["status"] == "running" and rid in h.state.active
+        assert h.ok(FinishRuns(at_us=slot(2), node="n1", results=(
+            {"run_id": rid, "status": "succeeded", "started_us": slot(1) + 9 * SEC, "finished_us": slot(2),
+             "exit_code": None, "http_status": 200, "output": "", "error": None},)))["finished"]
+        assert h.run(rid)["status"] == "succeeded" and h.state.active == {}  # nothing left to retry
+    else:
+        assert out == {"lost": [h.run(rid)], "kept": []}
+        assert h.run(rid)["status"] == "lost" and h.run(rid)["retry_at_us"] == slot(1) + 10 * SEC
 
 
 def test_at_least_once_gives_up_after_the_loss_attempts(h: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,6 +28,11 @@ class FakePoller:
 class FakeTransport:
     def __init__(self) -> None:
         self.callback: Any = None
+        self.sent: list[tuple[Any, Any]] = []
+
+    def send(self, node: Any, message: Any) -> bool:
+        self.sent.append((node, message))
+        return True
 
     def setOnMessageReceivedCallback(self, callback: Any) -> None:  # noqa: N802 - pysyncobj's name
         self.callback = callback
@@ -424,3 +430,115 @@ def test_forwarded_commands_and_their_answers_travel_in_one_message_per_peer_and
     pacer.inbound(old, {"type": "rc_keepalive", "batch": 1})
     assert receiver._rc_batch_peers == {old.id}
     assert receiver.delivered[-1] == {"type": "rc_keepalive", "batch": 1}  # still handed on
+
+
+def test_a_leader_uses_an_entry_form_only_once_every_peer_announced_it(tmp_path: Path) -> None:
+    """NodeConfig.applies rides every keepalive; RaftNode.peers_apply holds only while each
+    other member's newest keepalive lists the form (a peer restarted on an older release, or
+    one not heard since this process started, closes it)."""
+    b, c = Peer("10.0.0.2:7001"), Peer("10.0.0.3:7001")
+    node = RaftNode(NodeConfig(raft_addr="10.0.0.1:7001", peers=(b.id, c.id), data_dir=tmp_path, secret="s",
+                               applies=("expire_seen",)), fsm=None)  # type: ignore[arg-type]
+    assert not node.peers_apply("expire_seen")  # no pacer yet: nothing heard
+
+    host = FakeHost(entries(1, 1, 1))
+    host.otherNodes = [b, c]  # type: ignore[list-item]
+    node._last_keepalive = -1e9
+    node._keepalive(host)  # type: ignore[arg-type]
+    sent = host._SyncObj__transport.sent
+    keepalives = [m for _, m in sent if m.get("type") == "rc_keepalive"]
+    assert len(keepalives) == 2 and all(m["applies"] == ["expire_seen"] for m in keepalives)
+
+    pacer = _Pacer(host)  # type: ignore[arg-type]
+    node._pacer = pacer
+    pacer.inbound(b, {"type": "rc_keepalive", "batch": 1, "applies": ["expire_seen", 7]})
+    assert pacer.applies[b.id] == {"expire_seen"}
+    assert not node.peers_apply("expire_seen")  # c not heard yet
+    pacer.inbound(c, {"type": "rc_keepalive", "applies": ["expire_seen", "other"]})
+    assert node.peers_apply("expire_seen") and not node.peers_apply("other")
+    pacer.inbound(b, {"type": "rc_keepalive", "batch": 1})  # b came back on an older release
+    assert not node.peers_apply("expire_seen") and pacer.applies[b.id] == frozenset()
+    pacer.inbound(b, {"type": "rc_keepalive", "applies": "expire_seen"})  # not a list: nothing
+    assert not node.peers_apply("expire_seen")
+    pacer.inbound(b, {"type": "rc_keepalive", "applies": ["expire_seen"]})
+    assert node.peers_apply("expire_seen")
+
+    # The members are the raft thread's, not the start-up list: c removed (``members remove``)
+    # no longer holds the form back; d added does until it announces it.
+    pacer.inbound(c, {"type": "rc_keepalive"})
+    assert not node.peers_apply("expire_seen")
+    host.otherNodes = [b]  # type: ignore[list-item]
+    node._last_keepalive = -1e9
+    node._keepalive(host)  # type: ignore[arg-type]
+    assert node.peers_apply("expire_seen")
+    d = Peer("10.0.0.4:7001")
+    host.otherNodes = [b, d]  # type: ignore[list-item]
+    node._last_keepalive = -1e9
+    node._keepalive(host)  # type: ignore[arg-type]
+    assert not node.peers_apply("expire_seen")
+    pacer.inbound(d, {"type": "rc_keepalive", "applies": ["expire_seen"]})
+    assert node.peers_apply("expire_seen")
+
+    alone = RaftNode(NodeConfig(raft_addr="10.0.0.1:7001", peers=(), data_dir=tmp_path, secret="s"),
+                     fsm=None)  # type: ignore[arg-type]
+    alone._pacer = _Pacer(FakeHost(entries(1, 1, 1)))  # type: ignore[arg-type]
+    assert not alone.peers_apply("expire_seen")  # the raft thread has not ticked: members unknown
+    single = FakeHost(entries(1, 1, 1))
+    single.otherNodes = []
+    alone._last_keepalive = -1e9
+    alone._keepalive(single)  # type: ignore[arg-type]
+    assert alone.peers_apply("expire_seen")  # a single node: no peer to wait for
+    host2 = FakeHost(entries(1, 1, 1))
+    host2.otherNodes = [b]  # type: ignore[list-item]
+    alone._last_keepalive = -1e9
+    alone._keepalive(host2)  # type: ignore[arg-type]
+    assert all("applies" not in m for _, m in host2._SyncObj__transport.sent)  # announces nothing it lacks
+
+
+def test_a_follower_trusts_a_form_only_while_the_leader_announces_it_heard_every_member(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RaftNode.leader_uses: on the leader, peers_apply; on a follower, the forms in the newest
+    keepalive of the leader (``all_apply``), which the leader sends from what it heard."""
+    a, b, c = Peer("10.0.0.1:7001"), Peer("10.0.0.2:7001"), Peer("10.0.0.3:7001")
+    leader = RaftNode(NodeConfig(raft_addr=a.id, peers=(b.id, c.id), data_dir=tmp_path / "a", secret="s",
+                                 applies=("expire_seen",)), fsm=None)  # type: ignore[arg-type]
+    host = FakeHost(entries(1, 1, 1))
+    host.otherNodes = [b, c]  # type: ignore[list-item]
+    leader._pacer = pacer = _Pacer(host)  # type: ignore[arg-type]
+    sent = host._SyncObj__transport.sent
+
+    def tick() -> dict[str, Any]:
+        sent.clear()
+        leader._last_keepalive = -1e9
+        leader._keepalive(host)  # type: ignore[arg-type]
+        return next(m for _, m in sent if m.get("type") == "rc_keepalive")
+
+    monkeypatch.setattr(leader, "status", lambda: SimpleNamespace(leader=a.id))
+    assert tick()["all_apply"] == [] and not leader.leader_uses("expire_seen")
+    pacer.inbound(b, {"type": "rc_keepalive", "applies": ["expire_seen"]})
+    pacer.inbound(c, {"type": "rc_keepalive", "applies": ["expire_seen"]})
+    announced = tick()
+    assert announced["all_apply"] == ["expire_seen"] and leader.leader_uses("expire_seen")
+    pacer.inbound(c, {"type": "rc_keepalive"})  # c back on an older release
+    withdrawn = tick()
+    assert withdrawn["all_apply"] == [] and not leader.leader_uses("expire_seen")
+
+    follower = RaftNode(NodeConfig(raft_addr=b.id, peers=(a.id, c.id), data_dir=tmp_path / "b", secret="s",
+                                   applies=("expire_seen",)), fsm=None)  # type: ignore[arg-type]
+    fhost = FakeHost(entries(1, 1, 1))
+    fhost.otherNodes = [a, c]  # type: ignore[list-item]
+    follower._pacer = fpacer = _Pacer(fhost)  # type: ignore[arg-type]
+    seen_leader: list[str | None] = [a.id]
+    monkeypatch.setattr(follower, "status", lambda: SimpleNamespace(leader=seen_leader[0]))
+    assert not follower.leader_uses("expire_seen")  # the leader not heard since this process started
+    fpacer.inbound(a, announced)
+    assert follower.leader_uses("expire_seen")
+    fpacer.inbound(c, {"type": "rc_keepalive", "all_apply": ["expire_seen"]})  # read once c leads
+    seen_leader[0] = c.id
+    assert follower.leader_uses("expire_seen")
+    seen_leader[0] = a.id
+    fpacer.inbound(a, withdrawn)
+    assert not follower.leader_uses("expire_seen")
+    fpacer.inbound(a, announced)
+    seen_leader[0] = None  # no leader: nobody proposes
+    assert not follower.leader_uses("expire_seen")

@@ -236,10 +236,15 @@ async def test_an_attempt_ended_within_a_report_batch_is_never_reported_started(
         await sim.close()
 
 
-async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried() -> None:
+@pytest.mark.parametrize("announced", [True, False], ids=["peers-announce-expire-seen", "a-peer-does-not"])
+async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried(announced: bool) -> None:
     """The partitioned node's attempt is not started (the leader will count it lost and claim
-    the slot again): the slot runs once, by the retry, not twice."""
+    the slot again): the slot runs once, by the retry, not twice. The expiry names the claim
+    as the leader saw it (never started) once every peer announced it applies that form."""
     sim = await _sim(datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC))
+    if not announced:
+        sim.node.peer_forms.clear()
+    proposed = _recorded(sim)
     try:
         await sim.put(_job("tick", "*/10 * * * * *"))
         for _ in range(9):
@@ -258,6 +263,9 @@ async def test_a_worker_cut_off_from_the_leader_leaves_its_attempt_to_be_retried
         assert [r["status"] for r in runs] == ["lost", "succeeded"], runs
         fired = [a for a, _ in sim.executor.fired if a.slot == datetime(2026, 6, 1, 12, 0, 10, tzinfo=UTC)]
         assert [a.attempt for a in fired] == [2]  # started once, by the retry
+        expiries = [c for c in proposed if isinstance(c, ExpireRuns)]
+        assert [c.runs for c in expiries] == [(first[0]["id"],)]
+        assert expiries[0].seen == ({first[0]["id"]: 0} if announced else {})
     finally:
         await sim.close()
 

@@ -15,6 +15,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from memraft import MemoryNode
 
 from raftlog import Bridge, ClockEstimate
@@ -146,13 +147,27 @@ async def test_an_attempt_for_an_instant_whose_wave_already_fired_still_fires() 
         await worker.stop()
 
 
-async def test_a_wave_past_its_limit_declines_every_attempt_in_it_with_one_log_line(caplog: Any) -> None:
+@pytest.mark.parametrize("names_seen", [True, False])
+async def test_a_wave_past_its_limit_reserves_or_declines_every_attempt_in_it_with_one_log_line(
+        caplog: Any, names_seen: bool) -> None:
+    """Past the late limit a wave's attempts run once the ledger recorded their start (the
+    leader names what it saw in expiries), else are declined; one log line either way."""
     clock, state, service, worker, rec = await _setup(jobs=3)
+    if not names_seen:
+        service.node.peer_forms.clear()  # type: ignore[attr-defined]
     try:
         rids = await _claim(service, ["j0000", "j0001", "j0002"], T0 + timedelta(seconds=5), "late")
         clock.advance(5.0 + 30.0)  # stopped through the instant and 30 s beyond
         await _settle()
-        assert rec.fired == [] and worker.declined == 3
+        assert rec.fired == []
+        if names_seen:
+            assert worker.reserved == 3 and worker.declined == 0
+            lines = [r for r in caplog.records if "came up more than" in r.getMessage()]
+            assert len(lines) == 1 and lines[0].getMessage().startswith("3 attempt(s)")
+            await _report_period(clock)
+            assert sorted(a.run_id for a, _ in rec.fired) == sorted(rids)
+            return
+        assert worker.declined == 3 and worker.reserved == 0
         assert all(state.runs[r]["status"] == "claimed" for r in rids), "left for the leader to count lost"
         lines = [r for r in caplog.records if "not starting" in r.getMessage()]
         assert len(lines) == 1 and "not starting 3 attempt(s)" in lines[0].getMessage()
@@ -202,11 +217,15 @@ async def test_a_large_wave_is_launched_in_slices_with_the_loop_served_between()
         await worker.stop()
 
 
-async def test_attempts_launched_after_the_limit_by_a_slow_launch_are_declined() -> None:
+@pytest.mark.parametrize("names_seen", [True, False])
+async def test_attempts_launched_after_the_limit_by_a_slow_launch_wait_for_their_start(names_seen: bool) -> None:
     # Each launch takes the loop 5 ms (a starved node): the wave's later slices are past the
-    # 2 s limit by the time they come up, and are declined rather than started that late.
+    # 2 s limit by the time they come up, and are reserved (or declined) rather than started
+    # at once that late.
     jobs = LAUNCH_SLICE * 3
     clock, state, service, worker, rec = await _setup(jobs=jobs)
+    if not names_seen:
+        service.node.peer_forms.clear()  # type: ignore[attr-defined]
     inner = rec.run
 
     async def slow(attempt: Attempt) -> Outcome:
@@ -220,7 +239,13 @@ async def test_attempts_launched_after_the_limit_by_a_slow_launch_are_declined()
         for _ in range(5):
             await _settle()
         assert len(rec.fired) == LAUNCH_SLICE, "the first slice starts; the rest come up 2.5 s and more late"
-        assert worker.declined == jobs - LAUNCH_SLICE
+        if not names_seen:
+            assert worker.declined == jobs - LAUNCH_SLICE and worker.reserved == 0
+            return
+        assert worker.reserved == jobs - LAUNCH_SLICE and worker.declined == 0
+        for _ in range(4):
+            await _report_period(clock)
+        assert len({a.run_id for a, _ in rec.fired}) == len(rec.fired) == jobs, "each once, once its start committed"
     finally:
         await worker.stop()
 
