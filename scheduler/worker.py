@@ -55,7 +55,12 @@ from .state import Applied
 __all__ = ["Worker"]
 
 log = logging.getLogger("raftcron.worker")
-BATCH = 300  # results per FinishRuns entry
+BATCH = 300  # starts per StartRuns entry, results per FinishRuns entry
+STARTS_IN_FLIGHT = 4
+"""StartRuns entries one flush proposes at once. A burst's late attempts (see LATE_LIMIT) run
+only once their starts commit: one entry awaited at a time, at the few hundred milliseconds a
+commit takes on a busy cluster, thousands of them waited for the leader's start deadline and
+were taken back."""
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
 LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
 LATE_LIMIT = 2.0
@@ -512,13 +517,23 @@ class Worker:
             del self._starts[rid]
         if not self._starts:
             return
-        batch = dict(list(self._starts.items())[:BATCH])
+        pending = list(self._starts.items())[:BATCH * STARTS_IN_FLIGHT]
+        batches = [dict(pending[i : i + BATCH]) for i in range(0, len(pending), BATCH)]
         now = self.cluster.now_us()
         lease_until = now + int(self.lease * 1e6)
-        await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch),
-                                         started_us=batch, lease_until_us=lease_until), attempts=1)
-        for rid in batch:
-            self._starts.pop(rid, None)
+        outcomes = await asyncio.gather(*(
+            self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch), started_us=batch,
+                                       lease_until_us=lease_until), attempts=1)
+            for batch in batches), return_exceptions=True)
+        failed: BaseException | None = None
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failed = failed or outcome  # kept, and proposed again (a start is idempotent)
+                continue
+            for rid in batch:
+                self._starts.pop(rid, None)
+        if failed is not None:
+            raise failed
 
     async def _flush_results(self) -> None:
         while self._results:

@@ -19,14 +19,15 @@ import pytest
 from memraft import MemoryNode
 
 from raftlog import Bridge, ClockEstimate
+from raftlog.node import FAIL_REASON
 from scheduler.clock import FakeClock
-from scheduler.commands import CancelRun, Claim, ClaimSlots, DeleteJob, PutJobs, RegisterNode
+from scheduler.commands import CancelRun, Claim, ClaimSlots, DeleteJob, PutJobs, RegisterNode, StartRuns, decode_command
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import us
 from scheduler.model import parse_job
 from scheduler.service import Service
 from scheduler.state import State
-from scheduler.worker import LAUNCH_SLICE, Worker
+from scheduler.worker import BATCH, LAUNCH_SLICE, STARTS_IN_FLIGHT, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 JOBS = 400
@@ -306,6 +307,57 @@ async def test_more_starts_than_one_report_holds_are_all_reported() -> None:
         assert len(held.started) == jobs
         for _ in range(6):
             await _report_period(clock)
+        assert all(state.runs[r]["status"] == "running" for r in rids), "a start left unreported"
+    finally:
+        held.release.set()
+        await worker.stop()
+
+
+
+async def test_starts_of_several_entries_are_proposed_together_and_a_failed_one_again() -> None:
+    """1,300 long attempts: their starts go out STARTS_IN_FLIGHT entries at once, not one
+    awaited after another (late attempts run only once their starts commit, see LATE_LIMIT),
+    the rest after them; of those, only one whose commit failed is proposed again."""
+    jobs = BATCH * STARTS_IN_FLIGHT + 100
+    clock, state, service, worker, rec = await _setup(jobs=jobs)
+    held = Holding()
+    worker.executors["http"] = held  # type: ignore[assignment]
+    node = service.node
+    submit = node.submit  # type: ignore[attr-defined]
+    waiting: list[tuple[StartRuns, bytes, Any]] = []
+    proposed: list[tuple[str, ...]] = []
+
+    def deferred(payload: bytes, callback: Any) -> None:
+        cmd = decode_command(payload)
+        if isinstance(cmd, StartRuns):
+            proposed.append(cmd.runs)
+            waiting.append((cmd, payload, callback))
+        else:
+            submit(payload, callback)
+
+    node.submit = deferred  # type: ignore[attr-defined]
+    try:
+        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
+        clock.advance(5.0 + 1.0)
+        await _settle()
+        assert len(held.started) == jobs
+        await _report_period(clock)
+        assert [len(r) for r in proposed] == [BATCH] * STARTS_IN_FLIGHT, "starts awaited one entry at a time"
+        first = list(waiting)
+        waiting.clear()
+        for i, (_, payload, callback) in enumerate(first):
+            if i == 1:
+                callback(None, FAIL_REASON.MISSING_LEADER)  # not committed
+            else:
+                submit(payload, callback)
+        for _ in range(8):
+            await _report_period(clock)
+            for _, payload, callback in waiting:
+                submit(payload, callback)
+            waiting.clear()
+        again = [runs for runs in proposed[STARTS_IN_FLIGHT:] if set(runs) & set(first[0][0].runs)]
+        assert again == [], "a committed start proposed again"
+        assert any(set(runs) == set(first[1][0].runs) for runs in proposed[STARTS_IN_FLIGHT:])
         assert all(state.runs[r]["status"] == "running" for r in rids), "a start left unreported"
     finally:
         held.release.set()
