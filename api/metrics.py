@@ -165,6 +165,9 @@ class WorkerGauges(Protocol):
     @property
     def pending_reports(self) -> int: ...
 
+    declined: int
+    reserved: int
+
 
 TREND_EVERY_S = 5.0
 TREND_SPAN_S = 600.0
@@ -380,6 +383,15 @@ class _ScrapeCollector:
         yield _gauge("worker_pending_reports", "Starts and results this worker has not had committed yet",
                      w.pending_reports if w is not None else 0)
         yield _gauge("worker_busy_attempts", "Attempts executing on this node", w.busy if w is not None else 0)
+        yield CounterMetricFamily(
+            PREFIX + "worker_declined_attempts", "Attempts claimed for this node that it did not start: no word "
+            "from a leader, no trusted clock, or past the late limit while the leader does not name what it saw "
+            "in expiries or with too little of its lease left; the leader counts them lost and retries them",
+            value=w.declined if w is not None else 0)
+        yield CounterMetricFamily(
+            PREFIX + "worker_reserved_attempts", "Attempts this node came to past the late limit (a burst or a "
+            "stall) and held until their start committed: run then, or declined if the leader took them back first",
+            value=w.reserved if w is not None else 0)
         yield _gauge("metrics_other_jobs", f"Jobs whose runs are counted under job={OTHER_JOBS!r}: beyond "
                      "--metrics-max-jobs jobs with series of their own on this node", m.jobs.folded)
         yield from m.jobs.families()

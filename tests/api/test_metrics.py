@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -35,6 +36,7 @@ FAMILIES = {
     "raftcron_dead_letters": "gauge", "raftcron_alert_deliveries": "counter",
     "raftcron_api_request_duration_seconds": "histogram", "raftcron_worker_pending_reports": "gauge",
     "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge", "raftcron_gc_frozen_objects": "gauge",
+    "raftcron_worker_declined_attempts": "counter", "raftcron_worker_reserved_attempts": "counter",
 }
 
 
@@ -168,6 +170,17 @@ def _bare(max_jobs: int = MAX_JOB_SERIES) -> Metrics:
     status = NodeStatus(raft_addr="a", state="follower", leader="b", term=4, commit_index=9, applied_index=7,
                         has_quorum=True, raft_thread_alive=True)
     return Metrics(node_id="n1", state=State(), raft=lambda: status, max_jobs=max_jobs)
+
+
+def test_the_workers_declined_and_reserved_attempts_are_counted() -> None:
+    m = _bare()
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_worker_declined_attempts"], "raftcron_worker_declined_attempts_total") == 0
+    m.worker = SimpleNamespace(busy=2, pending_reports=3, declined=5, reserved=7)  # type: ignore[assignment]
+    fam = _samples(m.render().decode())
+    assert _value(fam["raftcron_worker_declined_attempts"], "raftcron_worker_declined_attempts_total") == 5
+    assert _value(fam["raftcron_worker_reserved_attempts"], "raftcron_worker_reserved_attempts_total") == 7
+    assert _value(fam["raftcron_worker_busy_attempts"], "raftcron_worker_busy_attempts") == 2
 
 
 def _run(rid: str, job: str, status: str, trigger: str = "schedule") -> dict[str, Any]:
