@@ -111,7 +111,7 @@ class Worker:
         self._kick = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._renewer: asyncio.Task[None] | None = None
-        self._stopping = False  # stop() began: nothing more is launched
+        self._stopping = False  # stop() began: nothing more is scheduled or launched
         self.fired = 0
         self.declined = 0  # claimed attempts not started: no leader contact, no trusted clock, or too late (see _wave)
         self.reserved = 0  # late attempts whose start was asked of the ledger before they ran (see LATE_LIMIT)
@@ -125,8 +125,8 @@ class Worker:
         self._renewer = loop.create_task(self._renew_loop(), name="worker-leases")
 
     async def stop(self) -> None:
-        # First, so a start that commits while the attempts are being cancelled does not
-        # launch a reserved one after them (it would run with nothing left to report it).
+        # First, so a claim or a start that commits while the attempts are being cancelled
+        # does not schedule or launch one after them (it would run with nothing to report it).
         self._stopping = True
         tasks = [*self._wave_tasks, *self._tasks.values()]
         for t in tasks:
@@ -166,7 +166,7 @@ class Worker:
         """Add a claimed attempt to the wave of its instant: attempts due at the same instant
         (an hourly burst) wait on one timer and pass the instant's checks together."""
         rid = run["id"]
-        if rid in self._tasks or rid in self._waiting or rid in self._reserved:
+        if self._stopping or rid in self._tasks or rid in self._waiting or rid in self._reserved:
             return
         due = fire_at_us(run)
         wave = self._waves.get(due)
@@ -521,19 +521,22 @@ class Worker:
         batches = [dict(pending[i : i + BATCH]) for i in range(0, len(pending), BATCH)]
         now = self.cluster.now_us()
         lease_until = now + int(self.lease * 1e6)
-        outcomes = await asyncio.gather(*(
-            self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch), started_us=batch,
-                                       lease_until_us=lease_until), attempts=1)
-            for batch in batches), return_exceptions=True)
-        failed: BaseException | None = None
-        for batch, outcome in zip(batches, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                failed = failed or outcome  # kept, and proposed again (a start is idempotent)
-                continue
+
+        async def report(batch: dict[str, int]) -> None:
+            await self.svc.propose(StartRuns(at_us=now, node=self.me, runs=tuple(batch), started_us=batch,
+                                             lease_until_us=lease_until), attempts=1)
+            # Done with at once, not when the slowest of the entries is: renewals skip what is
+            # still here, and these attempts' leases run from now.
             for rid in batch:
                 self._starts.pop(rid, None)
-        if failed is not None:
-            raise failed
+
+        outcomes = await asyncio.gather(*(report(b) for b in batches), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        for outcome in failed:
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancelled: not a failure to retry
+        if failed:
+            raise failed[0]  # its starts are kept and proposed again (a start is idempotent)
 
     async def _flush_results(self) -> None:
         while self._results:

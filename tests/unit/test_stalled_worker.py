@@ -284,6 +284,19 @@ async def test_a_start_that_commits_while_the_worker_stops_launches_nothing() ->
     assert rec.fired == [] and worker.busy == 0, "launched an attempt after the worker stopped"
 
 
+async def test_a_claim_that_commits_while_the_worker_stops_is_not_scheduled() -> None:
+    clock, state, worker, rec, _ = await _worker_with_claim(10.0, lease=5.0)
+    stopping = asyncio.get_running_loop().create_task(worker.stop())
+    await asyncio.sleep(0)  # stop() has begun
+    result, _ = await worker.svc.propose(ClaimSlots(at_us=us(T0), leader="n1", term=1, claims=(
+        Claim(job="tick", slot_us=us(T0 + timedelta(seconds=20)), trigger="manual", node="n1", request_key="k2"),)))
+    await stopping
+    assert result["runs"] and not worker._waiting and not worker._wave_tasks, "a wave opened after stop"
+    clock.advance(30.0)
+    await _settle()
+    assert rec.fired == []
+
+
 async def test_a_wait_overrun_within_the_limit_still_fires() -> None:
     clock, state, worker, rec, rid = await _worker_with_claim(10.0, lease=5.0)
     try:

@@ -21,7 +21,17 @@ from memraft import MemoryNode
 from raftlog import Bridge, ClockEstimate
 from raftlog.node import FAIL_REASON
 from scheduler.clock import FakeClock
-from scheduler.commands import CancelRun, Claim, ClaimSlots, DeleteJob, PutJobs, RegisterNode, StartRuns, decode_command
+from scheduler.commands import (
+    CancelRun,
+    Claim,
+    ClaimSlots,
+    DeleteJob,
+    PutJobs,
+    RegisterNode,
+    RenewLeases,
+    StartRuns,
+    decode_command,
+)
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import us
 from scheduler.model import parse_job
@@ -359,6 +369,48 @@ async def test_starts_of_several_entries_are_proposed_together_and_a_failed_one_
         assert again == [], "a committed start proposed again"
         assert any(set(runs) == set(first[1][0].runs) for runs in proposed[STARTS_IN_FLIGHT:])
         assert all(state.runs[r]["status"] == "running" for r in rids), "a start left unreported"
+    finally:
+        held.release.set()
+        await worker.stop()
+
+
+
+async def test_a_committed_entry_of_starts_is_renewed_while_another_still_waits() -> None:
+    """Of two StartRuns entries of one flush, the first commits and the second gets no answer:
+    the first's attempts are renewed from then on, not left out of renewals (their leases
+    lapsing) until the second's proposal gives up."""
+    jobs = BATCH * 2
+    clock, state, service, worker, rec = await _setup(jobs=jobs)
+    held = Holding()
+    worker.executors["http"] = held  # type: ignore[assignment]
+    node = service.node
+    submit = node.submit  # type: ignore[attr-defined]
+    unanswered: list[StartRuns] = []
+    renewed: list[str] = []
+
+    def second_unanswered(payload: bytes, callback: Any) -> None:
+        cmd = decode_command(payload)
+        if isinstance(cmd, StartRuns) and cmd.runs[0] != rids[0]:
+            unanswered.append(cmd)  # never committed nor answered
+            return
+        if isinstance(cmd, RenewLeases):
+            renewed.extend(cmd.runs)
+        submit(payload, callback)
+
+    node.submit = second_unanswered  # type: ignore[attr-defined]
+    try:
+        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
+        clock.advance(5.0 + 1.0)
+        await _settle()
+        assert len(held.started) == jobs
+        await _report_period(clock)
+        assert len(unanswered) == 1
+        first = [r for r in rids if state.runs[r]["status"] == "running"]
+        assert len(first) == BATCH
+        clock.advance(worker.lease / 3)  # the renewal period
+        await _settle()
+        assert set(first) <= set(renewed), "committed starts left out of the renewals"
+        assert not set(unanswered[0].runs) & set(renewed)
     finally:
         held.release.set()
         await worker.stop()
