@@ -224,6 +224,7 @@ class Worker:
             self.declined += len(wave)  # logged by _reach_instant
             return
         silent = self.svc.node.leader_contact_age()
+        reserve = self.svc.node.leader_uses(EXPIRE_SEEN)  # see LATE_LIMIT; read once a slice
         cut_off: list[RunRecord] = []
         late_ones: list[RunRecord] = []
         reserved: list[RunRecord] = []
@@ -241,6 +242,7 @@ class Worker:
                 # sample) sends the rest back to wait for it, never early.
                 await asyncio.sleep(0)
                 silent = self.svc.node.leader_contact_age()
+                reserve = self.svc.node.leader_uses(EXPIRE_SEEN)
                 past, _, ready = self._past_instant(due)
                 if not ready:
                     for rest in runs[i:]:
@@ -248,7 +250,7 @@ class Worker:
                     break
                 late_mono = self.clock.monotonic() - past
             try:
-                outcome = self._take_up(run, due, base_us, base_mono, late_mono, limit, silent)
+                outcome = self._take_up(run, due, base_us, base_mono, late_mono, limit, silent, reserve)
             except Exception as exc:  # noqa: BLE001 - one attempt's fault must not drop the rest of the wave
                 if run["id"] not in self._tasks:  # not launched: nothing to report or renew
                     self._starts.pop(run["id"], None)
@@ -279,7 +281,7 @@ class Worker:
         self._kick.set()
 
     def _take_up(self, run: RunRecord, due: int, base_us: int, base_mono: float, late_mono: float, limit: float,
-                 silent: float) -> str:
+                 silent: float, reserve: bool) -> str:
         """One attempt of a wave whose instant has come: launched, reserved, late, cut off or skipped."""
         rid = run["id"]
         current = self.state.runs.get(rid)
@@ -305,7 +307,7 @@ class Worker:
         started = max(base_us + int((mono - base_mono) * 1e6), due)
         if mono - late_mono - max(0, run["claimed_us"] - due) / 1e6 > limit:
             # See LATE_LIMIT: started only once the ledger has recorded the start for this node.
-            if not self.svc.node.leader_uses(EXPIRE_SEEN):
+            if not reserve:
                 return "late"
             self._reserved[rid] = (attempt, started)
             self._starts[rid] = started

@@ -302,6 +302,15 @@ class Holding:
         return Outcome(status=OutcomeStatus.SUCCEEDED, started_at=T0, finished_at=T0)
 
 
+async def _start_long(service: Service, clock: FakeClock, held: Holding, jobs: int) -> list[str]:
+    """Claim ``jobs`` attempts for 5 s on and run them all (long ones) at their instant."""
+    rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
+    clock.advance(5.0 + 1.0)
+    await _settle()
+    assert len(held.started) == jobs
+    return rids
+
+
 async def test_more_starts_than_one_report_holds_are_all_reported() -> None:
     # 700 long attempts: 300 starts go in one report. The rest waited for another kick (none
     # came while they ran): the leader would have counted them lost at the start deadline and
@@ -311,10 +320,7 @@ async def test_more_starts_than_one_report_holds_are_all_reported() -> None:
     held = Holding()
     worker.executors["http"] = held  # type: ignore[assignment]
     try:
-        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
-        clock.advance(5.0 + 1.0)
-        await _settle()
-        assert len(held.started) == jobs
+        rids = await _start_long(service, clock, held, jobs)
         for _ in range(6):
             await _report_period(clock)
         assert all(state.runs[r]["status"] == "running" for r in rids), "a start left unreported"
@@ -347,10 +353,7 @@ async def test_starts_of_several_entries_are_proposed_together_and_a_failed_one_
 
     node.submit = deferred  # type: ignore[attr-defined]
     try:
-        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
-        clock.advance(5.0 + 1.0)
-        await _settle()
-        assert len(held.started) == jobs
+        rids = await _start_long(service, clock, held, jobs)
         await _report_period(clock)
         assert [len(r) for r in proposed] == [BATCH] * STARTS_IN_FLIGHT, "starts awaited one entry at a time"
         first = list(waiting)
@@ -399,10 +402,7 @@ async def test_a_committed_entry_of_starts_is_renewed_while_another_still_waits(
 
     node.submit = second_unanswered  # type: ignore[attr-defined]
     try:
-        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
-        clock.advance(5.0 + 1.0)
-        await _settle()
-        assert len(held.started) == jobs
+        rids = await _start_long(service, clock, held, jobs)
         await _report_period(clock)
         assert len(unanswered) == 1
         first = [r for r in rids if state.runs[r]["status"] == "running"]
