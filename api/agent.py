@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -25,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode, Space
-from raftlog.heap import FreezeAfterSlowCollections
+from raftlog.heap import FreezeAfterSlowCollections, tune_collector
 from raftlog.space import MIN_FREE
 from scheduler.clock import SystemClock
 from scheduler.commands import APPLIES
@@ -349,12 +348,7 @@ def run_agent(args: argparse.Namespace) -> int:
     # Time zones come from the tzdata package only, never the host's files: job
     # validation runs inside apply, and replicas must agree on which zones exist.
     zoneinfo.reset_tzpath(to=[])
-    # The job store and the ledger are many small long-lived dicts, and every applied
-    # entry allocates more: with Python's default thresholds (700, 10, 10) the collector
-    # kept walking them, ~25 us per job write with 20,000 jobs (~7 us with these). What
-    # was loaded at start (the modules) is left out of collections.
-    gc.set_threshold(10_000, 50, 50)
-    gc.freeze()
+    tune_collector()  # see raftlog.heap.THRESHOLDS
     # A large state still makes each full collection walk millions of objects (~1.9 s with
     # 100,000 jobs): what survives a slow one is frozen so that the next walks only what is new.
     FreezeAfterSlowCollections().install()
