@@ -496,7 +496,10 @@ class RunTable:
         index = self._index
         owners = list(index.owners)
         tokens = array("q", index.tokens[: len(owners)])
-        jobs = {job: (array("q", pair[0]), list(pair[1])) for job, pair in self._jobs.copy().items()}
+        # A job without runs holds the one shared empty pair, which never changes: kept, not
+        # copied (two objects a job, ~60 ms of the raft thread at 100,000 jobs).
+        jobs = {job: pair if pair is _NONE else (array("q", pair[0]), list(pair[1]))
+                for job, pair in self._jobs.copy().items()}
         return Captured(tokens, owners, jobs)
 
     def load(self, items: Iterable[tuple[str, RunRecord]]) -> None:
@@ -639,13 +642,19 @@ class Captured:
 
     def by_job(self, per_chunk: int) -> Iterator[list[Any]]:
         """Chunks of ``(job, tokens, values)``, every job in table order (none left out: the
-        index refers to them by place), about ``per_chunk`` records a chunk; a job with more
-        is split over chunks."""
+        index refers to them by place), about ``per_chunk`` records a chunk, a job with none
+        counting as one; a job with more is split over chunks. (Jobs without runs once all
+        went in one chunk: 100,000 of them, 2.1 MB packed in one call that held the GIL for
+        32 ms, and longer on a busy machine, while the API waited.)"""
         chunk: list[Any] = []
         held = 0
         for job, (tokens, values) in self._jobs.items():
             if not values:
                 chunk.append((job, b"", [], _crc(job, b"", [])))
+                held += 1
+                if held >= per_chunk:
+                    yield chunk
+                    chunk, held = [], 0
             for start in range(0, len(values), per_chunk):
                 part = values[start:start + per_chunk]
                 raw = _wire(tokens[start:start + per_chunk])
