@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from memraft import MemoryCommitter, MemoryNode
 
+from scheduler import leader as leader_module
 from scheduler.clock import FakeClock
 from scheduler.commands import ClaimSlots, Command, ExpireRuns, PutJob, RegisterNode
 from scheduler.executors.base import Attempt, Outcome, OutcomeStatus
 from scheduler.instants import from_us, us
-from scheduler import leader as leader_module
 from scheduler.leader import PLAN_SLICE, LeaderConfig, LeaderLoop
 from scheduler.model import parse_job
 from scheduler.planner import PlanConfig
