@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -243,17 +244,12 @@ class LeaderLoop:
     def _take_dirty(self) -> set[str]:
         """The jobs created or edited since the last tick, the oldest first, at most a tick's worth."""
         dirty = self._dirty
-        if len(dirty) <= self.cfg.max_jobs_per_tick:
-            names = set(dirty)
+        names = set(itertools.islice(dirty, self.cfg.max_jobs_per_tick))
+        if len(names) == len(dirty):
             dirty.clear()
-            return names
-        names = set()
-        for name in dirty:
-            names.add(name)
-            if len(names) == self.cfg.max_jobs_per_tick:
-                break
-        for name in names:
-            del dirty[name]
+        else:
+            for name in names:
+                del dirty[name]
         return names
 
     def _count_due(self, slot: int, n: int) -> None:

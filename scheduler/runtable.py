@@ -649,17 +649,11 @@ class Captured:
         chunk: list[Any] = []
         held = 0
         for job, (tokens, values) in self._jobs.items():
-            if not values:
-                chunk.append((job, b"", [], _crc(job, b"", [])))
-                held += 1
-                if held >= per_chunk:
-                    yield chunk
-                    chunk, held = [], 0
-            for start in range(0, len(values), per_chunk):
+            for start in range(0, max(len(values), 1), per_chunk):  # a job without runs: one empty part
                 part = values[start:start + per_chunk]
                 raw = _wire(tokens[start:start + per_chunk])
                 chunk.append((job, raw, part, _crc(job, raw, part)))
-                held += len(part)
+                held += max(len(part), 1)
                 if held >= per_chunk:
                     yield chunk
                     chunk, held = [], 0
