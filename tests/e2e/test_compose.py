@@ -270,7 +270,27 @@ class ComposeCluster:
             latest, views = self.latest_decision()
             raise AssertionError(
                 f"{exc}\nthe cluster stopped scheduling: latest decided slot "
-                f"{iso(latest) if latest else None}, {time.time() - (latest or 0):.0f}s ago; {views}") from None
+                f"{iso(latest) if latest else None}, {time.time() - (latest or 0):.0f}s ago; {views}\n"
+                f"{self.leader_diagnosis()}") from None
+
+    def leader_diagnosis(self, lines: int = 40) -> str:
+        """What the agreed leader says about itself when scheduling stalls: its gauges
+        and its latest log lines other than the per-slot "decided" ones, so the failure message
+        alone (the compose logs at teardown can be cut short) shows why it stopped."""
+        leader = self.agreed_leader()
+        if leader is None:
+            return "no agreed leader to ask"
+        try:
+            with _opener.open(self.url(leader) + "/metrics", timeout=5) as resp:
+                text = resp.read().decode(errors="replace")
+            gauges = [ln for ln in text.splitlines()  # the unlabelled ones: raft, leader, worker, runs
+                      if ln.startswith("raftcron_") and "{" not in ln and not ln.startswith("raftcron_metrics")]
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+            gauges = [f"/metrics: {exc}"]
+        logs = self.compose("logs", "--no-color", "--timestamps", "--tail=1000", leader, timeout=60, check=False)
+        kept = [ln for ln in logs.splitlines() if " decided " not in ln][-lines:]
+        return (f"leader {leader}, its gauges:\n  " + "\n  ".join(gauges)
+                + f"\nits last {len(kept)} log lines other than decisions:\n  " + "\n  ".join(kept))
 
     def deliveries(self) -> list[dict[str, Any]]:
         """What the sink recorded, from its stdout (`docker logs`), headers lower-cased."""
