@@ -68,8 +68,10 @@ SLOW_SHARE = 0.05
 # Runs of a case at most. An election during the window (load on the shared machine can stall
 # an agent past the 0.4-1 s election timeout) delays the slots due in the gap by seconds,
 # which says nothing about skew; a run that fails while one fell in its window is printed,
-# set aside and the case run once more on a fresh cluster. A skew bug shows in every run, so
-# the second run still judges it; a run that passes is kept, election or not.
+# set aside and the case run once more on a fresh cluster; so is one that fails on lateness
+# alone (seen: a reference with 17 of 100 slots over SLOW late in a slow minute, the case 25
+# a minute later, no election). A skew bug shows in every run, so the second run still judges
+# it; a run that passes is kept, election or not.
 RUNS = 2
 
 
@@ -243,11 +245,17 @@ def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: floa
         finally:
             c.stop()
             sink.close()
-        if figures.elections == 0 or run == RUNS or not violations(figures):
+        broken = violations(figures)
+        # Run again only what noise can explain: an election in the window, or lateness alone
+        # past the reference's (measured minutes earlier on the same shared machine). A promise
+        # broken without an election (early, missed, doubled) is judged on this run.
+        noise = figures.elections > 0 or not _broken_promises(figures)
+        if run == RUNS or not broken or not noise:
             REPORT.append(figures.line())
             print(figures.line())
             return figures
-        REPORT.append(f"(set aside: failed with an election in the window) {figures.line()}")
+        why = "with an election in the window" if figures.elections else "on lateness alone"
+        REPORT.append(f"(set aside: failed {why}) {figures.line()}")
         print(REPORT[-1])
     raise AssertionError("unreachable: the last run returns")
 
