@@ -205,7 +205,8 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def jobs_held(url: str) -> int | None:
+def metric_total(url: str, family: str) -> int | None:
+    """The sum of a family's series on a node's /metrics (``raftcron_jobs``: every job, by status)."""
     import urllib.request
 
     try:
@@ -213,7 +214,11 @@ def jobs_held(url: str) -> int | None:
             text = resp.read().decode()
     except OSError:
         return None
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("raftcron_jobs{")))
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(family + "{")))
+
+
+def jobs_held(url: str) -> int | None:
+    return metric_total(url, "raftcron_jobs")
 
 
 def measure(cluster: Cluster, way: str, a: argparse.Namespace) -> dict[str, Any]:

@@ -11,12 +11,19 @@ On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
    the first page of ``GET /v1/jobs?limit=100`` and of a label-filtered page
    (``label=team=t3``), 20 times each, ``raftcron get jobs -l team=t3 -o json`` (a process:
    10 % of the jobs, every page), each agent's RSS and the bytes per job it adds;
-4. kill -9 of all three, start all three: seconds to the first committed write, and to the
+4. with ``--history K``: the same jobs edited (one ``POST /v1/jobs:batch`` per 1,000) to fire
+   once a minute, each at second ``i % 60`` (``{i % 60} * * * * *``, so ~1/60 of them at each
+   second), to a sink of this benchmark's own, keeping ``history: {keep: K}``; then waited on
+   until every node's ledger holds ``jobs x K`` run records (``raftcron_ledger_runs``): each
+   agent's RSS then, and the bytes per record it adds over its RSS loaded. The jobs go on
+   firing through step 5, so the restart is of a cluster at work with its history;
+5. kill -9 of all three, start all three: seconds to the first committed write, and to the
    leader knowing every job's next slot (``raftcron_leader_unplanned_jobs`` reaching 0), the
    RSS after the restart.
 
     python -m bench.scale                 # 100,000 jobs, 2 repetitions (~10 minutes)
     python -m bench.scale --quick         # 10,000 jobs, 1 repetition
+    python -m bench.scale --history 10 --repeat 1   # and 1,000,000 run records (~12 more minutes)
 
 The JSON goes to bench/results/scale.json (``--ab NAME``: also bench/ab/NAME.json).
 """
@@ -38,8 +45,9 @@ import aiohttp
 
 from tests.cluster.harness import ROOT, Cluster, wait_for
 
-from .bulk import AB, Prober, _send, jobs_held, load_batches, rss_mb
+from .bulk import AB, Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb
 from .failover import _first_write
+from .lateness import SinkFarm
 from .rig import common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
 
 
@@ -97,6 +105,55 @@ def cli_list(server: str, selector: str) -> dict[str, Any]:
     startup = time.perf_counter() - t0
     return {"seconds": seconds, "python_startup_s": startup, "returncode": out.returncode,
             "jobs": out.stdout.count('"name":') if out.returncode == 0 else None, "stderr": out.stderr[-300:]}
+
+
+def history_doc(i: int, url: str, keep: int) -> dict[str, Any]:
+    """Job ``i`` of the load, firing once a minute at second ``i % 60`` and keeping ``keep`` runs."""
+    return {**job_doc(i), "schedule": f"{i % 60} * * * * *", "http": {"url": url}, "history": {"keep": keep}}
+
+
+async def edit_batches(base: str, jobs: int, url: str, keep: int) -> dict[str, Any]:
+    """Every job of the load edited by ``history_doc``, 1,000 a batch, one batch at a time."""
+    configured, errors = 0, []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        t0 = time.monotonic()
+        for start in range(0, jobs, 1000):
+            docs = [history_doc(i, url, keep) for i in range(start, min(start + 1000, jobs))]
+            status, payload = await _send(s, "POST", base + "/v1/jobs:batch", {"mode": "apply", "jobs": docs})
+            if status == 200:
+                configured += int(payload["changes"]["configured"])
+            else:
+                errors.append(f"{status}: {str(payload)[:200]}")
+    return {"configured": configured, "seconds": round(time.monotonic() - t0, 2), "errors": errors[:10]}
+
+
+def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
+                 rss_loaded: dict[str, float | None]) -> dict[str, Any]:
+    """Step 4: the jobs fire at ``sink`` until every node holds ``jobs x history`` records; RSS then."""
+    want = a.jobs * a.history
+    out: dict[str, Any] = {"records_wanted": want}
+    t0 = time.monotonic()
+    out["edit"] = asyncio.run(edit_batches(base, a.jobs, sink, a.history))
+    bound = a.history * 60 * 3 + 300  # once a minute each: K minutes, three times over, and 5 more
+    with Prober([n.url for n in cluster.nodes], 0.05, 10.0) as prober:
+        try:
+            wait_for(f"every node holding {want} run records",
+                     lambda: all((metric_total(n.url, "raftcron_ledger_runs") or 0) >= want for n in cluster.nodes),
+                     timeout=bound, interval=5.0)
+        except AssertionError as exc:
+            out["timed_out"] = str(exc)
+    out["fill_s"] = round(time.monotonic() - t0, 1)
+    held = {n.name: metric_total(n.url, "raftcron_ledger_runs") for n in cluster.nodes}
+    out["records_held"] = held
+    health = prober.result()
+    out["health_max_s"] = {n.name: health[n.url]["max"] for n in cluster.nodes}
+    out["health_p99_s"] = {n.name: health[n.url]["p99"] for n in cluster.nodes}
+    rss = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    out["rss_mb"] = rss
+    per = [(rss[k] - before) * 1024 * 1024 / held[k] for k, before in rss_loaded.items()
+           if rss.get(k) is not None and before is not None and held.get(k)]
+    out["bytes_per_record"] = median_of(per)
+    return out
 
 
 def unplanned(node_url: str) -> int | None:
@@ -169,8 +226,20 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
              if out["rss_loaded_mb"][k] is not None and out["rss_empty_mb"].get(k) is not None]
     out["bytes_per_job"] = median_of([x * 1024 * 1024 / (a.jobs + 2 * a.writes) for x in added])
     out["write_ratio"] = out["writes_loaded"]["rate"] / out["writes_empty"]["rate"]
-    out["restart"] = restart_all(cluster, r)
-    out["rss_restarted_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    # With --history the jobs go on firing at the sink through the restart: it stays up until then.
+    farm = SinkFarm(2) if a.history else None
+    try:
+        if farm is not None:
+            out["history"] = fill_history(cluster, a, leader.url, farm.url(), out["rss_loaded_mb"])
+            out["history"]["sink_received"] = farm.received()
+        out["restart"] = restart_all(cluster, r)
+        out["rss_restarted_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+        if a.history:
+            out["history"]["records_after_restart"] = {n.name: metric_total(n.url, "raftcron_ledger_runs")
+                                                       for n in cluster.nodes}
+    finally:
+        if farm is not None:
+            farm.stop()
     out["load_after"] = load()
     return out
 
@@ -182,6 +251,8 @@ def main() -> None:
     p.add_argument("--writes", type=int, default=3000, help="single PUTs per write-rate measure (default 3,000)")
     p.add_argument("--inflight", type=int, default=64, help="PUTs in flight (default 64)")
     p.add_argument("--no-fsync", action="store_true", help="agents with --no-fsync")
+    p.add_argument("--history", type=int, default=0, metavar="K",
+                   help="then fill K run records a job (once a minute each) before the restart (default 0: none)")
     p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
     a = p.parse_args()
     if a.quick:
@@ -201,6 +272,11 @@ def main() -> None:
               f"RSS {res['rss_loaded_mb']} MB, {res['bytes_per_job']:.0f} B/job, restart: first write "
               f"{rs['first_write_s']} s, all planned {rs['all_planned_s']} s, RSS {res['rss_restarted_mb']}",
               flush=True)
+        if "history" in res:
+            h = res["history"]
+            print(f"        history: {h['records_held']} records in {h['fill_s']} s, RSS {h['rss_mb']} MB, "
+                  f"{h['bytes_per_record'] or 0:.0f} B/record, health max {h['health_max_s']} s while filling, "
+                  f"records after the restart {h['records_after_restart']}", flush=True)
     runs = doc["runs"]
 
     def med(f: Any) -> float | None:
@@ -225,6 +301,12 @@ def main() -> None:
         "restart_first_write_s": med(lambda x: x["restart"]["first_write_s"]),
         "restart_all_planned_s": med(lambda x: x["restart"]["all_planned_s"]),
     }
+    if a.history:
+        doc["summary"].update(
+            history_rss_mb_max=med(lambda x: max(v for v in x["history"]["rss_mb"].values() if v is not None)),
+            history_bytes_per_record=med(lambda x: x["history"]["bytes_per_record"]),
+            history_fill_s=med(lambda x: x["history"]["fill_s"]),
+        )
     s = doc["summary"]
     print(table(["figure", "median"], [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in s.items()]))
     path = write_results("scale", doc)
