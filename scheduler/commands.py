@@ -33,7 +33,17 @@ class Command:
     # them still reads the entries that leave them unset (and a leader sets them only once
     # every member announced it applies them, see APPLIES).
     LATER: ClassVar[frozenset[str]] = frozenset()
+    # The field whose items each count as an entry toward the next snapshot (``weight``).
+    ITEMS: ClassVar[str | None] = None
     at_us: int  # proposer's clock when it decided
+
+    @property
+    def weight(self) -> int:
+        """What this entry counts as toward the next snapshot (``raftlog.fsm``): one for each
+        job, claim, run or result it carries. A restart replays, and the journal holds in
+        memory, everything since the last snapshot, and an entry of a thousand claims costs
+        both about what a thousand entries of one would."""
+        return max(1, len(getattr(self, self.ITEMS))) if self.ITEMS is not None else 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +82,7 @@ class PutJobs(Command):
     travel as one zlib-compressed msgpack list (see ``encode_command``)."""
 
     TAG: ClassVar[str] = "put_jobs"
+    ITEMS: ClassVar[str | None] = "specs"
     specs: tuple[dict[str, Any], ...]
     create_only: bool = False
 
@@ -135,6 +146,7 @@ class ClaimSlots(Command):
     """All decisions of one leader tick, in one entry."""
 
     TAG: ClassVar[str] = "claim_slots"
+    ITEMS: ClassVar[str | None] = "claims"
     leader: str
     term: int
     claims: tuple[Claim, ...]
@@ -148,6 +160,7 @@ class ClaimSlots(Command):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartRuns(Command):
     TAG: ClassVar[str] = "start_runs"
+    ITEMS: ClassVar[str | None] = "runs"
     node: str
     runs: tuple[str, ...]
     started_us: dict[str, int]
@@ -157,6 +170,7 @@ class StartRuns(Command):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RenewLeases(Command):
     TAG: ClassVar[str] = "renew_leases"
+    ITEMS: ClassVar[str | None] = "runs"
     node: str
     runs: tuple[str, ...]
     lease_until_us: int
@@ -168,6 +182,7 @@ class FinishRuns(Command):
     http_status, output, error}``."""
 
     TAG: ClassVar[str] = "finish_runs"
+    ITEMS: ClassVar[str | None] = "results"
     node: str
     results: tuple[dict[str, Any], ...]
 
@@ -183,6 +198,7 @@ class ExpireRuns(Command):
     taken whatever happened since."""
 
     TAG: ClassVar[str] = "expire_runs"
+    ITEMS: ClassVar[str | None] = "runs"
     LATER: ClassVar[frozenset[str]] = frozenset({"seen"})
     leader: str
     term: int
@@ -203,6 +219,7 @@ class ReportLost(Command):
     """A restarted node reports the attempts it held before it died."""
 
     TAG: ClassVar[str] = "report_lost"
+    ITEMS: ClassVar[str | None] = "runs"
     node: str
     runs: tuple[str, ...]
 
@@ -225,6 +242,7 @@ class AlertResults(Command):
     """The leader's delivery attempts: ``{id, ok, error}`` each, at ``at_us``."""
 
     TAG: ClassVar[str] = "alert_results"
+    ITEMS: ClassVar[str | None] = "results"
     leader: str
     results: tuple[dict[str, Any], ...]
 
@@ -272,6 +290,7 @@ class NoteNextSlots(Command):
     plans every job when it leads), never the claims."""
 
     TAG: ClassVar[str] = "note_next_slots"
+    ITEMS: ClassVar[str | None] = "slots"
     leader: str
     term: int
     slots: tuple[dict[str, Any], ...]

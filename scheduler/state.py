@@ -130,6 +130,7 @@ class State(Store):
             except Exception as exc:  # noqa: BLE001 - malformed fields: same rejection everywhere
                 self.applied_index = ctx.index
                 return Rejected("invalid", f"entry {ctx.index} refused: {type(exc).__name__}: {exc}")
+        self.entry_weight = cmd.weight  # toward the next snapshot (raftlog.fsm)
         try:
             result = self._dispatch(cmd, ctx.index)
         except Exception as exc:  # noqa: BLE001 - a bug must not wedge the cluster; same on all replicas
@@ -166,7 +167,6 @@ class State(Store):
             case PutJob():
                 return self._put_job(cmd)
             case PutJobs():
-                self.entry_weight = len(cmd.specs)  # toward the next snapshot (raftlog.fsm)
                 return self._put_jobs(cmd)
             case DeleteJob():
                 return self._delete_job(cmd)
