@@ -2,20 +2,22 @@
 
 A run record as a dict costs ~1,130 bytes; a million of them (100,000 jobs keeping ten runs)
 would hold a gigabyte of an agent's memory. Here a record that no transition will touch often
-(any status but ``claimed`` and ``running``) is kept as one ``bytes`` value of ~90 bytes:
+(any status but ``claimed`` and ``running``) is packed in ~50 bytes (a plain success):
 its values in a fixed order, without keys, its id and job implied by where it is kept, its
 instants as offsets from its slot, its status, trigger and outcome as codes. Reading one
 gives back a dict equal to the one stored, with its keys in the same order, so snapshots are
 byte for byte what the dicts would give. A record that does not have the layout below (keys
 missing or in another order, a value of another type) is kept as the dict it is.
 
-Layout. Records of one job are one dict, token -> record, in token order (tokens grow with
-the log, so a job's insertion order is its claim order). Where each token's job is kept is a
-sorted array of tokens beside a list of job names (``_Index``); a removed record leaves a
-hole (``None``) until holes are half of it. Readers on the event loop's thread see the raft
-thread's changes one step at a time: every change below is one step under the GIL on a
-single dict, list, array or attribute, ordered so that a reader at worst misses a record
-being added or removed, never sees one under another token.
+Layout. Each job's records are one immutable ``bytes`` value (``_open`` reads it): their
+tokens in order (tokens grow with the log, so a job's order is its claim order), the length of
+each packed record, and the packed records; a record kept as a dict is held by id beside them
+(``RunTable._live``). Where each token's job is kept is a sorted array of tokens beside a list
+of job names (``_Index``); a removed record leaves a hole (``None``) until holes are half of it.
+Readers on the event loop's thread see the raft thread's changes one step at a time: a job's
+value is made anew and set whole, and every other change is one step under the GIL on a single
+dict, list or array, ordered so that a reader at worst misses a record being added or removed,
+never sees one under another token.
 """
 
 from __future__ import annotations
@@ -147,19 +149,6 @@ def unpack(job: str, token: int, data: bytes) -> RunRecord:
     return cast(RunRecord, rec)
 
 
-def _status_of(value: RunRecord | bytes) -> str:
-    return RUN_STATUSES[value[0]] if type(value) is bytes else cast(RunRecord, value)["status"]
-
-
-def _wanted(value: RunRecord | bytes, statuses: frozenset[str] | None, caused: bool) -> bool:
-    """Whether a record may be one a reader filters for, read from a packed record's first
-    two bytes (``statuses``: its status is one of them; ``caused``: it names a cause)."""
-    if type(value) is bytes:
-        return (statuses is None or RUN_STATUSES[value[0]] in statuses) and (not caused or value[1] & _CAUSE != 0)
-    run = cast(RunRecord, value)
-    return (statuses is None or run["status"] in statuses) and (not caused or run["cause"] is not None)
-
-
 class _Index:
     """token -> job, as a sorted array of tokens and a list of job names (None: removed)."""
 
@@ -181,17 +170,64 @@ class _Index:
         return owners[i] if i < len(owners) else None
 
 
-Pair = tuple["array[int]", list[Any]]
-"""One job's records: its tokens in order, and beside each its value (packed bytes or a dict)."""
+# ---- one job's records: one bytes value ------------------------------------------------------
+#
+# A job's records are one immutable ``bytes``: a count n (8 bytes), its n tokens (signed 64-bit,
+# this machine's order, ascending), the n lengths of their packed forms (unsigned 32-bit; 0 for
+# a record kept as a dict, which ``RunTable._live`` holds by id), then the packed forms one
+# after another. Record i ends where the lengths after it begin: ``len(blob) - sum(lens[i+1:])``,
+# so reading newest first walks back from the end. A change makes the job's value again, in
+# one ``bytes.join`` of slices of the old one, and sets it whole: a reader holding a value holds
+# one consistent job. (As a list of ``bytes`` beside an array of tokens, each record cost ~170
+# bytes of an agent's memory, a third of it the Python object and its slot; here ~70.)
+
+_HEAD = 8
+_EMPTY = bytes(_HEAD)
+"""What a job with no runs holds (one value shared by all of them)."""
+_ORDER: Any = sys.byteorder
 
 
-def _empty() -> Pair:
-    return (array("q"), [])
+def _open(blob: bytes) -> tuple[int, memoryview, memoryview, memoryview]:
+    """``blob``'s count, tokens, lengths and the whole of it, as views (no copies)."""
+    n = int.from_bytes(blob[:_HEAD], _ORDER)
+    raw = memoryview(blob)
+    lens_at = _HEAD + 8 * n
+    return n, raw[_HEAD:lens_at].cast("q"), raw[lens_at:lens_at + 4 * n].cast("I"), raw
 
 
-_NONE: Pair = _empty()
-"""What a job with no runs holds: one pair for all of them (~180 bytes a job otherwise),
-never extended (``__setitem__`` and ``load_jobs`` give the job a pair of its own first)."""
+def _made(n: int, parts: Iterable[Any]) -> bytes:
+    """A job's value from its count and the byte runs that follow it: tokens, lengths, data."""
+    return b"".join((n.to_bytes(_HEAD, _ORDER), *parts)) if n else _EMPTY
+
+
+def _span(lens: memoryview, i: int, size: int) -> tuple[int, int]:
+    """Where record i's packed bytes lie in a value of ``size`` bytes."""
+    end = size - sum(lens[i + 1:])
+    return end - lens[i], end
+
+
+def _data_at(n: int) -> int:
+    return _HEAD + 12 * n
+
+
+def _layout(tokens: Any, values: list[Any]) -> bytes:
+    """A job's value from its tokens (an array or view) and values (packed bytes, or a dict)."""
+    lens = array("I", [len(v) if type(v) is bytes else 0 for v in values])
+    return _made(len(values), (memoryview(tokens).cast("B"), memoryview(lens).cast("B"),
+                                *(v for v in values if type(v) is bytes)))
+
+
+def _values(blob: bytes, live: dict[str, RunRecord]) -> tuple[memoryview, list[Any]]:
+    """A job's tokens, and beside each its value: packed bytes, or the dict ``live`` holds (None
+    for one that is gone from there: a record being replaced or removed on another thread)."""
+    n, tokens, lens, raw = _open(blob)
+    out: list[Any] = []
+    at = _data_at(n)
+    for i in range(n):
+        size = lens[i]
+        out.append(raw[at:at + size].tobytes() if size else live.get(run_id_of(tokens[i])))
+        at += size
+    return tokens, out
 
 
 def _crc(job: str, raw: bytes, values: list[Any]) -> int:
@@ -209,10 +245,10 @@ _SECOND = frozenset({*range(len(_TRIGGERS)), _NO_CODE})
 """What a packed record's second byte may hold, less ``_CAUSE``."""
 
 
-def _wire(values: array[int]) -> bytes:
-    """An array as a snapshot holds it: little-endian whatever this machine's order."""
+def _wire(values: array[int] | memoryview) -> bytes:
+    """An array (or a typed view) as a snapshot holds it: little-endian whatever this machine's order."""
     if sys.byteorder == "big":
-        values = array(values.typecode, values)
+        values = array(values.format if isinstance(values, memoryview) else values.typecode, values)
         values.byteswap()
     return values.tobytes()
 
@@ -230,14 +266,14 @@ class RunTable:
     in token order), with the per-job views the ledger and the API read (``ids_of``,
     ``records_of``, ``count_of``) and counts by status kept in step (``status_counts``).
 
-    Each job's records are a pair (tokens array, values list), 16 bytes a record beside its
-    value. Appending extends both, values first (a reader that finds a token finds its value);
-    replacing a record sets one list item; removing one makes a new pair and sets it whole."""
+    Each job's records are one ``bytes`` value (see ``_open``), made again on each change and
+    set whole. A record kept as a dict is in ``_live`` by id and takes no bytes in its job's
+    value: it goes into ``_live`` before its job's value names it, and leaves after."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, Pair] = {}
-        # The records kept as dicts (attempts in flight, mostly), by id as well: the leader and
-        # the workers read them at every tick, without the token index.
+        self._jobs: dict[str, bytes] = {}
+        # The records kept as dicts (attempts in flight, mostly), by id: the leader and the
+        # workers read them at every tick, without the token index.
         self._live: dict[str, RunRecord] = {}
         self._index = _Index()
         self._holes = 0
@@ -245,16 +281,6 @@ class RunTable:
         self._statuses: dict[str, int] = {}
 
     # ---- reading ---------------------------------------------------------------
-
-    def _value(self, job: str, token: int) -> Any:
-        pair = self._jobs.get(job)
-        if pair is None:
-            return None
-        tokens, values = pair
-        i = bisect.bisect_left(tokens, token)
-        if i < len(tokens) and tokens[i] == token and i < len(values):
-            return values[i]
-        return None
 
     def get(self, rid: str) -> RunRecord | None:
         live = self._live.get(rid)
@@ -264,12 +290,17 @@ class RunTable:
         if token is None:
             return None
         job = self._index.owner(token)
-        if job is None:
+        blob = None if job is None else self._jobs.get(job)
+        if blob is None or job is None:
             return None
-        value = self._value(job, token)
-        if value is None:
+        n, tokens, lens, raw = _open(blob)
+        i = bisect.bisect_left(tokens, token)
+        if i == n or tokens[i] != token:
             return None
-        return unpack(job, token, value) if type(value) is bytes else cast(RunRecord, value)
+        if not lens[i]:
+            return self._live.get(rid)  # kept as a dict; gone from there if it was removed meanwhile
+        start, end = _span(lens, i, len(blob))
+        return unpack(job, token, blob[start:end])
 
     def __getitem__(self, rid: str) -> RunRecord:
         run = self.get(rid)
@@ -304,48 +335,48 @@ class RunTable:
     def values(self) -> list[RunRecord]:
         return [run for _, run in self.capture()]
 
-    def _copy(self, job: str) -> Pair | None:
-        pair = self._jobs.get(job)
-        if pair is None:
-            return None
-        tokens = array("q", pair[0])  # first: an append extends the values first
-        return tokens, pair[1][: len(tokens)]
-
     def tokens_of(self, job: str) -> array[int]:
         """The job's tokens in order (a copy)."""
-        pair = self._jobs.get(job)
-        return array("q") if pair is None else array("q", pair[0])
+        blob = self._jobs.get(job)
+        return array("q") if blob is None else array("q", _open(blob)[1])
 
     def ids_of(self, job: str) -> list[str] | None:
         """The job's run ids in claim order; None for a job the table does not hold."""
-        pair = self._copy(job)
-        return None if pair is None else [run_id_of(t) for t in pair[0]]
+        blob = self._jobs.get(job)
+        return None if blob is None else [run_id_of(t) for t in _open(blob)[1]]
 
     def count_of(self, job: str) -> int:
         """How many records the job holds."""
-        pair = self._jobs.get(job)
-        return 0 if pair is None else len(pair[0])
+        blob = self._jobs.get(job)
+        return 0 if blob is None else int.from_bytes(blob[:_HEAD], _ORDER)
 
     def records_of(self, job: str) -> list[RunRecord]:
         """The job's records in claim order."""
-        pair = self._copy(job)
-        if pair is None:
-            return []
-        return [unpack(job, t, v) if type(v) is bytes else cast(RunRecord, v)
-                for t, v in zip(pair[0], pair[1], strict=False)]
+        return list(reversed(list(self.newest_of(job))))
 
     def newest_of(self, job: str, statuses: frozenset[str] | None = None, caused: bool = False) -> Iterator[RunRecord]:
         """The job's records newest first, each unpacked only when asked for; only those whose
         status is one of ``statuses`` (None: any), and with ``caused`` only those naming a cause
         (both told from a packed record's first bytes, without unpacking it)."""
-        pair = self._copy(job)
-        if pair is None:
+        blob = self._jobs.get(job)
+        if blob is None:
             return
-        tokens, values = pair
-        for i in range(len(tokens) - 1, -1, -1):
-            value = values[i]
-            if _wanted(value, statuses, caused):
-                yield unpack(job, tokens[i], value) if type(value) is bytes else cast(RunRecord, value)
+        n, tokens, lens, raw = _open(blob)
+        end = len(blob)
+        live = self._live
+        for i in range(n - 1, -1, -1):
+            size = lens[i]
+            if size:
+                start = end - size
+                if (statuses is None or RUN_STATUSES[raw[start]] in statuses) and (
+                        not caused or raw[start + 1] & _CAUSE):
+                    yield unpack(job, tokens[i], blob[start:end])
+                end = start
+            else:
+                run = live.get(run_id_of(tokens[i]))
+                if run is not None and (statuses is None or run["status"] in statuses) and (
+                        not caused or run["cause"] is not None):
+                    yield run
 
     def status_counts(self) -> dict[str, int]:
         return dict(self._statuses)
@@ -355,8 +386,8 @@ class RunTable:
             return dict(self.items()) == other
         if not isinstance(other, RunTable):
             return NotImplemented
-        return self.items() == other.items() and [(j, list(p[0])) for j, p in self._jobs.items()] == [
-            (j, list(p[0])) for j, p in other._jobs.items()]
+        return self.items() == other.items() and [(j, _open(b)[1].tolist()) for j, b in self._jobs.items()] == [
+            (j, _open(b)[1].tolist()) for j, b in other._jobs.items()]
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -366,7 +397,7 @@ class RunTable:
         """A job the table lists (empty) from its creation, in the order jobs are created."""
         job = sys.intern(job)
         if job not in self._jobs:
-            self._jobs[job] = _NONE
+            self._jobs[job] = _EMPTY
 
     def __setitem__(self, rid: str, run: RunRecord) -> None:
         token = run["token"]
@@ -376,29 +407,35 @@ class RunTable:
         # own copy of the name (58 bytes a record at 100,000 jobs, a third of what one costs).
         job = sys.intern(run["job"])
         packed = pack(run)
-        value: Any = run if packed is None else packed
-        pair = self._jobs.get(job)
-        if pair is None or pair is _NONE:
-            pair = self._jobs[job] = _empty()
-        tokens, values = pair
-        if tokens and tokens[-1] >= token:
-            i = bisect.bisect_left(tokens, token)
-            if tokens[i] == token:  # a record replaced
-                self._count(_status_of(values[i]), -1)
-                values[i] = value
-            else:  # out of token order (not the ledger's way): a new pair, set whole
-                self._insert(token, job)
-                self._jobs[job] = (array("q", [*tokens[:i], token, *tokens[i:]]), [*values[:i], value, *values[i:]])
-                self._len += 1
-        else:
-            self._insert(token, job)
-            values.append(value)  # before its token: a reader that finds the token finds its value
-            tokens.append(token)
-            self._len += 1
+        data = b"" if packed is None else packed
+        blob = self._jobs.get(job, _EMPTY)
+        n, tokens, lens, raw = _open(blob)
+        i = n if not n or tokens[n - 1] < token else bisect.bisect_left(tokens, token)
+        replaced = i < n and tokens[i] == token
+        was: str | None = None
+        if replaced:
+            start, end = _span(lens, i, len(blob))
+            old = None if lens[i] else self._live.get(rid)
+            was = RUN_STATUSES[raw[start]] if lens[i] else None if old is None else old["status"]
         if packed is None:
-            self._live[rid] = run
-        else:
-            self._live.pop(rid, None)
+            self._live[rid] = run  # first: the job's value may name it as kept here
+        size = len(data).to_bytes(4, _ORDER)
+        lens_at = _HEAD + 8 * n
+        if replaced:
+            if packed is not None or lens[i]:  # a dict for a dict leaves the job's value as it is
+                self._jobs[job] = _made(n, (raw[_HEAD:lens_at + 4 * i], size, raw[lens_at + 4 * i + 4:start],
+                                            data, raw[end:]))
+        else:  # a new record; out of token order is not the ledger's way, but it is kept in order
+            self._insert(token, job)
+            at = len(blob) if i == n else _data_at(n) + sum(lens[:i])
+            self._jobs[job] = _made(n + 1, (raw[_HEAD:_HEAD + 8 * i], token.to_bytes(8, _ORDER, signed=True),
+                                            raw[_HEAD + 8 * i:lens_at + 4 * i], size, raw[lens_at + 4 * i:at],
+                                            data, raw[at:]))
+            self._len += 1
+        if packed is not None:
+            self._live.pop(rid, None)  # last: the job's value holds it packed now
+        if was is not None:
+            self._count(was, -1)
         self._count(run["status"], 1)
 
     def discard(self, rid: str) -> bool:
@@ -408,52 +445,61 @@ class RunTable:
         return job is not None and token is not None and self.remove(job, [token]) == 1
 
     def remove(self, job: str, doomed: Iterable[int]) -> int:
-        """Remove these records of ``job`` (by token) in one step: the job's pair is made again
+        """Remove these records of ``job`` (by token) in one step: the job's value is made again
         once, not once a record (history trimmed by 1,000 runs of a job keeping 10,000).
         Returns how many it held."""
-        pair = self._jobs.get(job)
+        blob = self._jobs.get(job)
         gone = set(doomed)
-        if pair is None or not gone:
+        if blob is None or not gone:
             return 0
-        tokens, values = pair
-        at = []
-        for t in gone:
-            i = bisect.bisect_left(tokens, t)
-            if i < len(tokens) and tokens[i] == t:
-                at.append(i)
+        n, tokens, lens, raw = _open(blob)
+        at = sorted(i for t in gone if (i := bisect.bisect_left(tokens, t)) < n and tokens[i] == t)
         if not at:
             return 0
-        at.sort()
-        dropped = [(tokens[i], values[i]) for i in at]
-        if at[-1] == len(at) - 1:  # the oldest went (trims): two slices
-            self._jobs[job] = (tokens[len(at):], values[len(at):])
-        else:
-            new_tokens, new_values, prev = array("q"), [], 0
-            for i in [*at, len(tokens)]:
-                new_tokens.extend(tokens[prev:i])
-                new_values.extend(values[prev:i])
-                prev = i + 1
-            self._jobs[job] = (new_tokens, new_values)
-        for token, value in dropped:
-            if type(value) is not bytes:
-                self._live.pop(run_id_of(token), None)
-            self._count(_status_of(value), -1)
-            self._forget(token)
-        self._len -= len(dropped)
+        lens_at = _HEAD + 8 * n
+        dropped: list[tuple[int, str | None]] = []
+        keep_tokens, keep_lens, keep_data = [], [], []
+        prev, pos = 0, _data_at(n)
+        for i in [*at, n]:
+            # Records prev..i-1 are kept whole: three slices; record i goes.
+            span = sum(lens[prev:i])
+            keep_tokens.append(raw[_HEAD + 8 * prev:_HEAD + 8 * i])
+            keep_lens.append(raw[lens_at + 4 * prev:lens_at + 4 * i])
+            keep_data.append(raw[pos:pos + span])
+            pos += span
+            if i < n:
+                dropped.append((tokens[i], RUN_STATUSES[raw[pos]] if lens[i] else None))
+                pos += lens[i]
+            prev = i + 1
+        self._jobs[job] = _made(n - len(at), (*keep_tokens, *keep_lens, *keep_data))
+        self._dropped(dropped)
         return len(dropped)
 
     def drop_job(self, job: str) -> list[str]:
         """Remove the job and all its records; their ids."""
-        pair = self._jobs.pop(job, None)
-        if pair is None:
+        blob = self._jobs.pop(job, None)
+        if blob is None:
             return []
-        for token, value in zip(*pair, strict=True):
-            if type(value) is not bytes:
-                self._live.pop(run_id_of(token), None)
-            self._count(_status_of(value), -1)
+        n, tokens, lens, raw = _open(blob)
+        at = _data_at(n)
+        dropped: list[tuple[int, str | None]] = []
+        for i in range(n):
+            dropped.append((tokens[i], RUN_STATUSES[raw[at]] if lens[i] else None))
+            at += lens[i]
+        self._dropped(dropped)
+        return [run_id_of(t) for t, _ in dropped]
+
+    def _dropped(self, dropped: list[tuple[int, str | None]]) -> None:
+        """Records gone from their job's value: counted out, out of ``_live`` (those kept as dicts,
+        whose status is None here) and out of the index."""
+        for token, status in dropped:
+            if status is None:
+                live = self._live.pop(run_id_of(token), None)
+                status = None if live is None else live["status"]
+            if status is not None:
+                self._count(status, -1)
             self._forget(token)
-        self._len -= len(pair[0])
-        return [run_id_of(t) for t in pair[0]]
+        self._len -= len(dropped)
 
     def _count(self, status: str, n: int) -> None:
         left = self._statuses.get(status, 0) + n
@@ -492,15 +538,12 @@ class RunTable:
     # ---- snapshots -------------------------------------------------------------
 
     def capture(self) -> Captured:
-        """The records as they are now, to read (and unpack) later, in token order."""
+        """The records as they are now, to read (and unpack) later, in token order: each job's
+        value is never changed in place, so the capture holds the values, not copies of them."""
         index = self._index
         owners = list(index.owners)
         tokens = array("q", index.tokens[: len(owners)])
-        # A job without runs holds the one shared empty pair, which never changes: kept, not
-        # copied (two objects a job, ~60 ms of the raft thread at 100,000 jobs).
-        jobs = {job: pair if pair is _NONE else (array("q", pair[0]), list(pair[1]))
-                for job, pair in self._jobs.copy().items()}
-        return Captured(tokens, owners, jobs)
+        return Captured(tokens, owners, self._jobs.copy(), self._live.copy())
 
     def load(self, items: Iterable[tuple[str, RunRecord]]) -> None:
         """Records as a version 1 or 2 snapshot lists them."""
@@ -529,28 +572,29 @@ class RunTable:
                 self.add_job(job)
                 continue
             tokens = _unwire("q", raw)
-            pair = self._jobs.get(job)
-            if pair is None or pair is _NONE:
-                pair = self._jobs[job] = _empty()
-            last = pair[0][-1] if pair[0] else -1
+            blob = self._jobs.get(job, _EMPTY)
+            n, held, _, _ = _open(blob)
+            last = held[n - 1] if n else -1
             # In C where it can be: a loop a record took half of a restore's time.
             if tokens[0] <= last or len(set(tokens)) != len(tokens) or list(tokens) != sorted(tokens):
                 raise ValueError(f"job {job!r} lists its runs out of order")
             heads = Counter([v[:2] if type(v) is bytes else None for v in values])
-            for head, n in heads.items():
+            for head, k in heads.items():
                 if head is None:
                     continue
                 if len(head) < 2 or head[0] >= len(RUN_STATUSES) or RUN_STATUSES[head[0]] in _UNPACKED \
                         or (head[1] & ~_CAUSE) not in _SECOND:
                     raise ValueError(f"job {job!r} holds a run packed with an unknown status or trigger")
-                self._count(RUN_STATUSES[head[0]], n)
+                self._count(RUN_STATUSES[head[0]], k)
             if min(len(v) if type(v) is bytes else 3 for v in values) < 3:
                 raise ValueError(f"job {job!r} holds a run packed short")
             if None in heads:
                 self._load_dicts(job, tokens, values)
-            pair[1].extend(values)
-            pair[0].extend(tokens)
-            self._len += len(values)
+            if n:  # a job split over chunks: joined to what the chunks before gave it
+                before, kept = _values(blob, self._live)
+                tokens, values = array("q", before) + tokens, kept + values
+            self._jobs[job] = _layout(tokens, values)
+            self._len += len(values) - n
 
     def _load_dicts(self, job: str, tokens: array[int], values: list[Any]) -> None:
         """The values of ``load_jobs`` that are not packed: records kept as dicts."""
@@ -600,8 +644,8 @@ class RunTable:
                 listed[job].append(token)  # type: ignore[index]
         except KeyError as exc:
             raise ValueError(f"the run index lists runs of job {exc.args[0]!r}, which the snapshot does not hold") from None
-        for job, (held, _) in self._jobs.items():
-            if array("q", listed[job]) != held:
+        for job, blob in self._jobs.items():
+            if array("q", listed[job]).tobytes() != _open(blob)[1].tobytes():
                 raise ValueError(f"the run index does not list the runs of job {job!r} as the job holds them")
 
 
@@ -610,10 +654,12 @@ class Captured:
     in token order (versions 1 and 2), each job's ids (``job_lists``), and version 3's chunks
     (``by_job``, ``index``)."""
 
-    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, Pair]) -> None:
+    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, bytes],
+                 live: dict[str, RunRecord]) -> None:
         self._tokens = array("q", (t for t, j in zip(tokens, owners, strict=True) if j is not None))
         self._owners = [j for j in owners if j is not None]
         self._jobs = jobs
+        self._live = live
         self._pairs: list[tuple[int, str]] | None = None
 
     def _pair_list(self) -> list[tuple[int, str]]:
@@ -631,14 +677,20 @@ class Captured:
     def __getitem__(self, part: slice) -> list[tuple[str, RunRecord]]:
         out = []
         for token, job in self._pair_list()[part]:
-            tokens, values = self._jobs[job]
-            value = values[bisect.bisect_left(tokens, token)]
-            out.append((run_id_of(token), unpack(job, token, value) if type(value) is bytes else value))
+            blob = self._jobs[job]
+            _, tokens, lens, _ = _open(blob)
+            i = bisect.bisect_left(tokens, token)
+            rid = run_id_of(token)
+            if lens[i]:
+                start, end = _span(lens, i, len(blob))
+                out.append((rid, unpack(job, token, blob[start:end])))
+            else:
+                out.append((rid, self._live[rid]))
         return out
 
     def job_lists(self) -> _Lazy:
         jobs = list(self._jobs.items())
-        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in pair[0]]) for job, pair in jobs[part]])
+        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in _open(blob)[1]]) for job, blob in jobs[part]])
 
     def by_job(self, per_chunk: int) -> Iterator[list[Any]]:
         """Chunks of ``(job, tokens, values)``, every job in table order (none left out: the
@@ -648,7 +700,8 @@ class Captured:
         32 ms, and longer on a busy machine, while the API waited.)"""
         chunk: list[Any] = []
         held = 0
-        for job, (tokens, values) in self._jobs.items():
+        for job, blob in self._jobs.items():
+            tokens, values = _values(blob, self._live) if blob is not _EMPTY else (memoryview(b"").cast("q"), [])
             for start in range(0, max(len(values), 1), per_chunk):  # a job without runs: one empty part
                 part = values[start:start + per_chunk]
                 raw = _wire(tokens[start:start + per_chunk])
