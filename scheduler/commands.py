@@ -290,7 +290,10 @@ class NoteNextSlots(Command):
     plans every job when it leads), never the claims."""
 
     TAG: ClassVar[str] = "note_next_slots"
-    ITEMS: ClassVar[str | None] = "slots"
+    # Counted as one entry toward the next snapshot, however many jobs it names: it only keeps
+    # where a leader's walk ended (replaying it is cheap; without it a leader walks again), and
+    # counted by its jobs, the 100,000 notes after a bulk load brought five snapshots of the
+    # whole state at once (loaded writes/s 0.32-0.38 of empty against 0.58-0.62).
     leader: str
     term: int
     slots: tuple[dict[str, Any], ...]
