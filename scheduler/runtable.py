@@ -230,6 +230,19 @@ def _values(blob: bytes, live: dict[str, RunRecord]) -> tuple[memoryview, list[A
     return tokens, out
 
 
+def _record(job: str, blob: bytes, token: int, live: dict[str, RunRecord]) -> RunRecord | None:
+    """Record ``token`` of ``job`` (whose value is ``blob``): unpacked, or the dict ``live``
+    holds for it; None when the job does not hold it."""
+    n, tokens, lens, _ = _open(blob)
+    i = bisect.bisect_left(tokens, token)
+    if i == n or tokens[i] != token:
+        return None
+    if not lens[i]:
+        return live.get(run_id_of(token))
+    start, end = _span(lens, i, len(blob))
+    return unpack(job, token, blob[start:end])
+
+
 def _crc(job: str, raw: bytes, values: list[Any]) -> int:
     """CRC-32 of a job's name, tokens and values as a version-3 snapshot lists them (a record
     kept as a dict, by its msgpack form: one node packs it, another unpacks and packs it again)."""
@@ -287,20 +300,11 @@ class RunTable:
         if live is not None:
             return live
         token = token_of_id(rid)
-        if token is None:
-            return None
-        job = self._index.owner(token)
+        job = None if token is None else self._index.owner(token)
         blob = None if job is None else self._jobs.get(job)
-        if blob is None or job is None:
+        if job is None or blob is None or token is None:
             return None
-        n, tokens, lens, raw = _open(blob)
-        i = bisect.bisect_left(tokens, token)
-        if i == n or tokens[i] != token:
-            return None
-        if not lens[i]:
-            return self._live.get(rid)  # kept as a dict; gone from there if it was removed meanwhile
-        start, end = _span(lens, i, len(blob))
-        return unpack(job, token, blob[start:end])
+        return _record(job, blob, token, self._live)  # from _live: gone if it was removed meanwhile
 
     def __getitem__(self, rid: str) -> RunRecord:
         run = self.get(rid)
@@ -677,15 +681,10 @@ class Captured:
     def __getitem__(self, part: slice) -> list[tuple[str, RunRecord]]:
         out = []
         for token, job in self._pair_list()[part]:
-            blob = self._jobs[job]
-            _, tokens, lens, _ = _open(blob)
-            i = bisect.bisect_left(tokens, token)
-            rid = run_id_of(token)
-            if lens[i]:
-                start, end = _span(lens, i, len(blob))
-                out.append((rid, unpack(job, token, blob[start:end])))
-            else:
-                out.append((rid, self._live[rid]))
+            run = _record(job, self._jobs[job], token, self._live)
+            if run is None:
+                raise KeyError(run_id_of(token))  # a capture lists only what its jobs hold
+            out.append((run_id_of(token), run))
         return out
 
     def job_lists(self) -> _Lazy:
