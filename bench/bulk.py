@@ -205,6 +205,20 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+def rss_parts_mb(pid: int) -> dict[str, float] | None:
+    """RSS split as the kernel counts it: anonymous memory (the heap), file-backed pages (the
+    mapped raft journal among them) and shared memory, in MB."""
+    parts: dict[str, float] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                parts[key[3:].lower()] = int(rest.split()[0]) / 1024
+    except OSError:
+        return None
+    return parts
+
+
 def metric_total(url: str, family: str) -> int | None:
     """The sum of a family's series on a node's /metrics (``raftcron_jobs``: every job, by status)."""
     import urllib.request

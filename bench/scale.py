@@ -45,10 +45,10 @@ import aiohttp
 
 from tests.cluster.harness import ROOT, Cluster, wait_for
 
-from .bulk import AB, Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb
+from .bulk import AB, Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb, rss_parts_mb
 from .failover import _first_write
 from .lateness import SinkFarm
-from .rig import common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
+from .rig import RESULTS, common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -150,6 +150,7 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
     out["health_p99_s"] = {n.name: health[n.url]["p99"] for n in cluster.nodes}
     rss = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
     out["rss_mb"] = rss
+    out["rss_parts_mb"] = {n.name: rss_parts_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
     per = [(rss[k] - before) * 1024 * 1024 / held[k] for k, before in rss_loaded.items()
            if rss.get(k) is not None and before is not None and held.get(k)]
     out["bytes_per_record"] = median_of(per)
@@ -168,7 +169,9 @@ def unplanned(node_url: str) -> int | None:
     return None
 
 
-def restart_all(cluster: Cluster, k: int) -> dict[str, Any]:
+def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, Any]:
+    """kill -9 of every agent, then all started at once; with ``profile_s``, py-spy samples each
+    from its start for that long (CPU with the GIL held, raw stacks in bench/results)."""
     for n in cluster.nodes:
         assert n.proc is not None
         n.proc.kill()
@@ -176,8 +179,15 @@ def restart_all(cluster: Cluster, k: int) -> dict[str, Any]:
         assert n.proc is not None
         n.proc.wait(10)
     start = time.monotonic()
+    spies = []
     for n in cluster.nodes:
         n.start()
+        if profile_s and n.proc is not None:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            spies.append(subprocess.Popen(
+                ["py-spy", "record", "-p", str(n.proc.pid), "-d", str(int(profile_s)), "-r", "100", "-f", "raw",
+                 "--gil", "--nonblocking", "-o", str(RESULTS / f"profile-restart-{n.name}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     first = asyncio.run(_first_write(cluster.nodes, start, f"restart{k}", bound=120.0))
     leader = leader_of(cluster, timeout=60)
     planned_s = None
@@ -187,6 +197,8 @@ def restart_all(cluster: Cluster, k: int) -> dict[str, Any]:
         planned_s = time.monotonic() - start
     except AssertionError:
         pass
+    for spy in spies:
+        spy.wait(profile_s + 60)
     return {"first_write_s": first.get("seconds"), "all_planned_s": planned_s, "leader": leader.name,
             "answers": first.get("answers")}
 
@@ -232,8 +244,9 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
         if farm is not None:
             out["history"] = fill_history(cluster, a, leader.url, farm.url(), out["rss_loaded_mb"])
             out["history"]["sink_received"] = farm.received()
-        out["restart"] = restart_all(cluster, r)
+        out["restart"] = restart_all(cluster, r, a.profile_restart)
         out["rss_restarted_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+        out["rss_restarted_parts_mb"] = {n.name: rss_parts_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
         if a.history:
             out["history"]["records_after_restart"] = {n.name: metric_total(n.url, "raftcron_ledger_runs")
                                                        for n in cluster.nodes}
@@ -253,8 +266,12 @@ def main() -> None:
     p.add_argument("--no-fsync", action="store_true", help="agents with --no-fsync")
     p.add_argument("--history", type=int, default=0, metavar="K",
                    help="then fill K run records a job (once a minute each) before the restart (default 0: none)")
+    p.add_argument("--profile-restart", type=float, default=0.0, metavar="S",
+                   help="py-spy each agent for S seconds from its restart (bench/results/profile-restart-<node>.txt)")
     p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
     a = p.parse_args()
+    if a.profile_restart and shutil.which("py-spy") is None:
+        raise SystemExit("py-spy not found: pip install -e '.[bench]'")
     if a.quick:
         a.repeat, a.jobs, a.writes = 1, 10_000, 1000
     doc: dict[str, Any] = {"benchmark": "scale", "machine": machine(), "params": vars(a), "runs": []}
