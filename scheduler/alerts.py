@@ -47,8 +47,8 @@ MAX_ATTEMPTS = 8
 
 
 def _wants(state: Store, job_name: str, event: AlertEvent) -> bool:
-    job = state.job(job_name)
-    return job is not None and event in job.alerts.on
+    policy = state.policy(job_name)
+    return policy is not None and event in policy.alerts.on
 
 
 def raise_alert(state: Store, event: AlertEvent, run: RunRecord | None, job: str, at_us: int, **extra: Any) -> None:
@@ -98,8 +98,8 @@ def _trim(state: Store) -> None:
 
 def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int) -> dict[str, Any]:
     """After a finish changed ``run``; returns the job record's alert fields updated."""
-    job = state.job(run["job"])
-    if job is None:
+    policy = state.policy(run["job"])
+    if policy is None:
         return rec
     alerted = bool(rec.get("failure_alerted"))
     if run["status"] == "succeeded":
@@ -108,7 +108,7 @@ def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int) -
         if _wants(state, run["job"], AlertEvent.DURATION):  # it reads the job's history: only when asked for
             _duration_check(state, run, at_us)
         return {**rec, "failure_alerted": False}
-    if rec["consecutive_failures"] == job.alerts.after_failures and not alerted:
+    if rec["consecutive_failures"] == policy.alerts.after_failures and not alerted:
         raise_alert(state, AlertEvent.FAILURE, run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])
         return {**rec, "failure_alerted": True}
     return rec
@@ -147,11 +147,11 @@ def on_dead(state: Store, run: RunRecord, at_us: int) -> None:
 
 
 def on_started(state: Store, run: RunRecord, at_us: int) -> None:
-    job = state.job(run["job"])
-    if job is None or run["started_us"] is None:
+    policy = state.policy(run["job"])
+    if policy is None or run["started_us"] is None:
         return
     late = run["started_us"] - run["slot_us"]
-    if late > job.alerts.late_after * 1_000_000:
+    if late > policy.alerts.late_after * 1_000_000:
         raise_alert(state, AlertEvent.LATE, run, run["job"], at_us, late_ms=late // 1000)
     prev_id = run["retry_of"]
     while prev_id:

@@ -315,7 +315,7 @@ def finish(state: Store, cmd: FinishRuns) -> dict[str, Any]:
 
 
 def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> RunRecord:
-    job = state.job(run["job"])
+    policy = state.policy(run["job"])
     rec = state.jobs[run["job"]]
     outcome = str(r.get("status"))
     started = run["started_us"] or r.get("started_us") or run["claimed_us"]
@@ -332,7 +332,7 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
         new["status"], failures = "succeeded", 0
     else:
         failures += 1
-        retries = job.retries if job is not None else None
+        retries = policy.retries if policy is not None else None
         if retries is not None and run["attempt"] <= retries.max:
             delay = retries.delay(run["attempt"])
             new["status"], new["retry_at_us"] = "retrying", finished + int(delay * 1_000_000)
@@ -380,10 +380,10 @@ def expire(state: Store, run_ids: tuple[str, ...], at_us: int, reason: str, node
         if seen and rid in seen and run["status"] == "running" and (run["lease_us"] or 0) > seen[rid]:
             kept.append(rid)
             continue
-        job = state.job(run["job"])
+        policy = state.policy(run["job"])
         new: RunRecord = {**run, "status": "lost", "error": reason, "finished_us": at_us, "lease_us": None}
-        at_least_once = job is not None and job.delivery is Delivery.AT_LEAST_ONCE
-        limit = max(LOSS_ATTEMPTS, (job.retries.max + 1) if job is not None else 1)
+        at_least_once = policy is not None and policy.delivery is Delivery.AT_LEAST_ONCE
+        limit = max(LOSS_ATTEMPTS, (policy.retries.max + 1) if policy is not None else 1)
         if at_least_once and run["attempt"] < limit:
             new["retry_at_us"] = at_us
         else:
@@ -496,8 +496,8 @@ def _ended_us(run: RunRecord) -> int:
 
 def trim(state: Store, job_name: str) -> None:
     """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
-    job = state.job(job_name)
-    keep = job.history.keep if job is not None else 100
+    policy = state.policy(job_name)
+    keep = policy.keep if policy is not None else 100
     excess = state.runs.count_of(job_name) - keep
     if excess <= 0:
         return

@@ -245,7 +245,7 @@ class State(Store):
             if moved:
                 rec["spec_since_us"] = at_us
         self.jobs[job.name] = rec
-        self._parsed[job.name] = job
+        self.spec_changed(job.name, job)
         self.job_stored(job, had_dependency=old is not None and old["spec"].get("depends_on") is not None)
         if old is not None:
             cancelled = self._edited(job.name, old["spec"], spec, at_us, moved)
@@ -332,7 +332,7 @@ class State(Store):
         if cmd.name not in self.jobs:
             return Rejected("not_found", f"no job named {cmd.name!r}")
         del self.jobs[cmd.name]
-        self._parsed.pop(cmd.name, None)
+        self.spec_changed(cmd.name)
         self.job_deleted(cmd.name)
         removed = ledger.drop_history(self, cmd.name)
         self.notes.pop(cmd.name, None)
@@ -355,7 +355,7 @@ class State(Store):
             # were not decided while it was paused.
             **({"spec_since_us": cmd.at_us} if changed else {}),
         }
-        self._parsed.pop(cmd.name, None)
+        self.spec_changed(cmd.name)
         verb = "paused" if cmd.paused else "resumed"
         self.note(cmd.name, {"at_us": cmd.at_us, "decision": verb, "reason": cmd.note or f"{verb} by an operator"})
         cancelled = ledger.withdraw_claims(self, cmd.name, cmd.at_us, "the job was paused") if cmd.paused else []

@@ -12,7 +12,7 @@ import bisect
 from typing import Any, TypeVar
 
 from .duration import parse_duration
-from .model import Job, parse_job
+from .model import Job, Policy, parse_job, parse_policy
 from .runs import RunRecord
 from .runtable import JobRuns, RunTable
 
@@ -51,6 +51,7 @@ class Store:
         self.applied_index = 0
         self.last_noop: dict[str, Any] = {}
         self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
+        self._policies: dict[str, Policy] = {}  # likewise, for jobs not parsed whole (``policy``)
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
         self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
         # Derived likewise, exact for an empty store and kept in step from the first job;
@@ -73,7 +74,32 @@ class Store:
                 return None
             parsed = parse_job(rec["spec"])
             self._parsed[name] = parsed
+            self._policies.pop(name, None)
         return parsed
+
+    def policy(self, name: str) -> Policy | None:
+        """What the run ledger reads of a job (``model.Policy``), from the parsed job when there
+        is one, else from its stored document without parsing it whole: the same either way."""
+        parsed = self._parsed.get(name)
+        if parsed is not None:
+            return Policy.of(parsed)
+        policy = self._policies.get(name)
+        if policy is None:
+            rec = self.jobs.get(name)
+            if rec is None:
+                return None
+            policy = parse_policy(rec["spec"])
+            self._policies[name] = policy
+        return policy
+
+    def spec_changed(self, name: str, job: Job | None = None) -> None:
+        """A job's document was stored anew (``job``: parsed, as it was validated) or removed:
+        what was derived from the one before is dropped."""
+        self._policies.pop(name, None)
+        if job is None:
+            self._parsed.pop(name, None)
+        else:
+            self._parsed[name] = job
 
     def active_runs(self) -> list[RunRecord]:
         """The records of the attempts in flight (claimed, running, or waiting for a retry)."""

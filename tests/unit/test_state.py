@@ -346,7 +346,7 @@ def test_snapshot_round_trip_is_byte_identical_and_restores_every_attribute() ->
 
 
 def vars_of(s: State) -> dict[str, Any]:
-    return {k: v for k, v in vars(s).items() if k not in ("_parsed", "_dependents", "_aged", "_names", "entry_weight")}  # derived caches
+    return {k: v for k, v in vars(s).items() if k not in ("_parsed", "_policies", "_dependents", "_aged", "_names", "entry_weight")}  # derived caches
 
 
 def test_snapshot_is_chunked_and_restores_across_chunks() -> None:

@@ -1,0 +1,133 @@
+"""What the run ledger and the alert rules read of a job (``model.Policy``), without parsing it.
+
+After a restart a replica restores its snapshot and replays the journal behind it: claims,
+starts, finishes and expiries of tens of thousands of jobs. Each of those used to parse its
+job's document whole the first time it touched the job (the parsed cache starts empty after a
+restore), and that was 30 % of the replay. The ledger now reads ``Store.policy``: the history
+kept, the retries, the delivery and the alerts, read from the stored document alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import scheduler.store as store_module
+from raftlog.fsm import ApplyContext
+from scheduler.commands import (
+    Claim,
+    ClaimSlots,
+    ExpireRuns,
+    FinishRuns,
+    PutJobs,
+    RegisterNode,
+    StartRuns,
+    encode_command,
+)
+from scheduler.errors import ValidationFailed
+from scheduler.model import Policy, parse_job, parse_policy
+from scheduler.state import State
+
+T0 = 1_800_000_000_000_000
+MIN = 60_000_000
+
+DOCS: list[dict[str, Any]] = [
+    {"name": "plain", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://x.test/"}},
+    {"name": "retried", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://x.test/"},
+     "retries": {"max": 2, "backoff": "5s"}, "history": {"keep": 3}},
+    {"name": "once", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://x.test/"},
+     "delivery": "at-most-once", "history": {"keep": 2, "max_age": "1h"}},
+    {"name": "alerted", "schedule": "* * * * *", "executor": "shell", "shell": {"command": "true"},
+     "alerts": {"on": ["failure", "late"], "after_failures": 2, "late_after": "10s"}, "history": {"keep": 4}},
+]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d["name"] for d in DOCS])
+def test_a_documents_policy_is_what_parsing_it_whole_gives(doc: dict[str, Any]) -> None:
+    job = parse_job(doc)
+    assert parse_policy(doc) == Policy.of(job)
+    assert parse_policy(job.to_doc()) == Policy.of(job)  # the stored (canonical) form too
+
+
+def test_jobs_writing_the_same_sections_share_one_policy() -> None:
+    a = parse_policy({**DOCS[1], "name": "a"})
+    b = parse_policy({**DOCS[1], "name": "b", "schedule": "@hourly"})
+    assert a is b
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"history": {"keep": 0}}, "history.keep"),
+    ({"retries": {"max": -1}}, "retries.max"),
+    ({"delivery": "sometimes"}, "delivery"),
+    ({"alerts": {"after_failures": "two"}}, "alerts.after_failures"),
+    ({"colour": "red"}, "colour"),
+])
+def test_a_bad_policy_field_is_refused_by_name_as_parsing_refuses_it(patch: dict[str, Any], field: str) -> None:
+    doc = {**DOCS[0], **patch}
+    with pytest.raises(ValidationFailed) as whole:
+        parse_job(doc)
+    with pytest.raises(ValidationFailed) as policy:
+        parse_policy(doc)
+    assert field in [p["field"] for p in whole.value.details]
+    assert [p["field"] for p in policy.value.details] == [field]
+
+
+def _apply(state: State, cmd: Any, index: list[int]) -> Any:
+    index[0] += 1
+    return state.apply(encode_command(cmd), ApplyContext(index=index[0])).result
+
+
+def _round(state: State, k: int, index: list[int]) -> None:
+    """One slot of every job claimed and started; then ``plain`` and ``once`` succeed,
+    ``retried`` and ``alerted`` fail (a retry and a failure alert), and a late start raises
+    ``late``; in every third round ``once``'s lease lapses instead (an expiry)."""
+    slot = T0 + k * MIN
+    names = [d["name"] for d in DOCS]
+    out = _apply(state, ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
+        Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in names)), index)
+    ids = {r["job"]: r["id"] for r in out["runs"]}
+    started = {rid: slot + (20_000_000 if job == "alerted" else 1000) for job, rid in ids.items()}
+    _apply(state, StartRuns(at_us=slot + 21_000_000, node="n1", runs=tuple(ids.values()), started_us=started,
+                            lease_until_us=slot + 60_000_000), index)
+    expire = k % 3 == 0
+    results = tuple(
+        {"run_id": rid, "status": "succeeded" if job in ("plain", "once") else "failed",
+         "started_us": started[rid], "finished_us": slot + 30_000_000, "exit_code": None, "http_status": 200,
+         "output": "", "error": None}
+        for job, rid in ids.items() if not (expire and job == "once"))
+    _apply(state, FinishRuns(at_us=slot + 30_000_000, node="n1", results=results), index)
+    if expire:
+        _apply(state, ExpireRuns(at_us=slot + 61_000_000, leader="n1", term=1, runs=(ids["once"],),
+                                 seen={ids["once"]: slot + 60_000_000}), index)
+
+
+def test_a_replay_after_a_restore_parses_no_job_whole_and_ends_where_the_live_state_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    live, index = State(), [0]
+    _apply(live, RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"), index)
+    _apply(live, PutJobs(at_us=T0, specs=tuple(DOCS)), index)
+    for k in range(1, 5):
+        _round(live, k, index)
+    restored = State()
+    restored.restore(live.snapshot_bytes())
+
+    parsed: list[Any] = []
+
+    def counting(doc: Any, **kw: Any) -> Any:
+        parsed.append(doc["name"])
+        return parse_job(doc, **kw)
+
+    monkeypatch.setattr(store_module, "parse_job", counting)
+    at = index[0]
+    for k in range(5, 11):  # the journal behind the snapshot, replayed
+        _round(restored, k, index)
+    assert parsed == []
+    assert restored.alerts and any(r["status"] == "retrying" for r in restored.runs.values())
+    assert any(r["status"] == "lost" for r in restored.runs.values())
+
+    index[0] = at
+    for k in range(5, 11):  # the same entries on the replica that never restarted
+        _round(live, k, index)
+    assert restored.snapshot_bytes() == live.snapshot_bytes()
+    assert restored.job("retried") == live.job("retried")  # parsing on demand still works
