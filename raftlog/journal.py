@@ -22,6 +22,7 @@ import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
+from .heap import release_free_memory
 from .recovery import journal_header, recover_journal
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "align_to_snapshot", "journal_factory"]
@@ -218,6 +219,8 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         self._FileJournal__journal = kept
         self._FileJournal__currentOffset = end
         self._rc_dirty = False
+        # The entries compacted away and the snapshot's view of the state were just freed.
+        release_free_memory()
 
     def sync(self) -> None:
         if self.failed is not None:
