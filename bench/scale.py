@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -135,19 +136,31 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
     t0 = time.monotonic()
     out["edit"] = asyncio.run(edit_batches(base, a.jobs, sink, a.history))
     bound = a.history * 60 * 3 + 300  # once a minute each: K minutes, three times over, and 5 more
+    spies: list[tuple[str, float, subprocess.Popen[bytes]]] = []
+
+    def filled() -> bool:
+        held = [metric_total(n.url, "raftcron_ledger_runs") or 0 for n in cluster.nodes]
+        if a.profile_fill and not spies and min(held) >= 0.8 * want:
+            spies.extend(_spy(n.name, n.proc.pid, a.profile_fill, "fill") for n in cluster.nodes if n.proc is not None)
+        return bool(min(held) >= want)
+
     with Prober([n.url for n in cluster.nodes], 0.05, 10.0) as prober:
         try:
-            wait_for(f"every node holding {want} run records",
-                     lambda: all((metric_total(n.url, "raftcron_ledger_runs") or 0) >= want for n in cluster.nodes),
-                     timeout=bound, interval=5.0)
+            wait_for(f"every node holding {want} run records", filled, timeout=bound, interval=5.0)
         except AssertionError as exc:
             out["timed_out"] = str(exc)
+    for _, _, spy in spies:
+        spy.wait(a.profile_fill + 60)
     out["fill_s"] = round(time.monotonic() - t0, 1)
     held = {n.name: metric_total(n.url, "raftcron_ledger_runs") for n in cluster.nodes}
     out["records_held"] = held
     health = prober.result()
     out["health_max_s"] = {n.name: health[n.url]["max"] for n in cluster.nodes}
     out["health_p99_s"] = {n.name: health[n.url]["p99"] for n in cluster.nodes}
+    out["health_slowest"] = {n.name: health[n.url]["slowest"] for n in cluster.nodes}
+    if spies:
+        out["stalls"] = {name: _stalls(name, started, health[n.url]["slowest"])
+                         for (name, started, _), n in zip(spies, cluster.nodes, strict=False)}
     rss = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
     out["rss_mb"] = rss
     out["rss_parts_mb"] = {n.name: rss_parts_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
@@ -155,6 +168,55 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
            if rss.get(k) is not None and before is not None and held.get(k)]
     out["bytes_per_record"] = median_of(per)
     return out
+
+
+def _spy(name: str, pid: int, seconds: float, what: str) -> tuple[str, float, subprocess.Popen[bytes]]:
+    """py-spy on one agent for ``seconds``, with the GIL's holder only and each sample's instant
+    (chrometrace), from now (the monotonic instant returned with it)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"profile-{what}-{name}.json"
+    proc = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "-f",
+                             "chrometrace", "--gil", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return name, time.monotonic(), proc
+
+
+def _stalls(name: str, started: float, slowest: list[tuple[float, float]], depth: int = 6) -> list[dict[str, Any]]:
+    """For each of the prober's slowest answers from ``name`` while py-spy sampled it: what held the
+    GIL over that answer, as the time each thread's innermost ``depth`` frames were on top."""
+    path = RESULTS / f"profile-fill-{name}.json"
+    try:
+        events = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    events.sort(key=lambda e: e["ts"])
+    found = []
+    for seconds, at in slowest:
+        lo, hi = (at - started) * 1e6, (at - started + seconds) * 1e6
+        if hi < 0 or not events or lo > events[-1]["ts"]:
+            continue
+        stacks: dict[Any, list[str]] = {}
+        spent: dict[str, float] = {}
+        last = None
+        for e in events:
+            if last is not None and min(e["ts"], hi) > max(last, lo):  # the stacks open since the last event
+                dt = (min(e["ts"], hi) - max(last, lo)) / 1e6
+                for tid, frames in stacks.items():
+                    if frames:
+                        key = f"{tid}: " + " < ".join(reversed(frames[-depth:]))
+                        spent[key] = spent.get(key, 0.0) + dt
+            if e["ts"] > hi:
+                break
+            last = e["ts"]
+            frames = stacks.setdefault(e["tid"], [])
+            label = f"{e['name']} ({e['args'].get('filename', '?').rsplit('/', 1)[-1]}:{e['args'].get('line')})"
+            if e["ph"] == "B":
+                frames.append(label)
+            elif frames:
+                frames.pop()
+        top = sorted(spent.items(), key=lambda kv: -kv[1])[:5]
+        found.append({"answer_s": seconds, "at": at, "held": [[k, round(v, 3)] for k, v in top]})
+    return found
 
 
 def unplanned(node_url: str) -> int | None:
@@ -183,11 +245,7 @@ def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, A
     for n in cluster.nodes:
         n.start()
         if profile_s and n.proc is not None:
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            spies.append(subprocess.Popen(
-                ["py-spy", "record", "-p", str(n.proc.pid), "-d", str(int(profile_s)), "-r", "100", "-f", "raw",
-                 "--gil", "--nonblocking", "-o", str(RESULTS / f"profile-restart-{n.name}.txt")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            spies.append(_spy(n.name, n.proc.pid, profile_s, "restart")[2])
     first = asyncio.run(_first_write(cluster.nodes, start, f"restart{k}", bound=120.0))
     leader = leader_of(cluster, timeout=60)
     planned_s = None
@@ -267,10 +325,13 @@ def main() -> None:
     p.add_argument("--history", type=int, default=0, metavar="K",
                    help="then fill K run records a job (once a minute each) before the restart (default 0: none)")
     p.add_argument("--profile-restart", type=float, default=0.0, metavar="S",
-                   help="py-spy each agent for S seconds from its restart (bench/results/profile-restart-<node>.txt)")
+                   help="py-spy each agent for S seconds from its restart (bench/results/profile-restart-<node>.json)")
+    p.add_argument("--profile-fill", type=float, default=0.0, metavar="S",
+                   help="with --history: py-spy each agent for S seconds once 80%% of the records are held, and "
+                        "name what held the GIL over the prober's slowest answers then (bench/results/profile-fill-<node>.json)")
     p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
     a = p.parse_args()
-    if a.profile_restart and shutil.which("py-spy") is None:
+    if (a.profile_restart or a.profile_fill) and shutil.which("py-spy") is None:
         raise SystemExit("py-spy not found: pip install -e '.[bench]'")
     if a.quick:
         a.repeat, a.jobs, a.writes = 1, 10_000, 1000
