@@ -10,7 +10,9 @@ Each form is measured in a process of its own, so its RSS is its own:
   over the count);
 - seconds to apply one round (one record per job: claim, start, finish);
 - the snapshot: bytes, seconds to pack it;
-- a restore into a fresh process: seconds, and the RSS after it;
+- a restore into a fresh process: seconds, and the RSS after it; then one more round applied to
+  the restored state (``round_after_restore_s``: what replaying a journal after a restart costs,
+  against ``round_s`` on the state that applied everything);
 - reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
 
 ``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,21 +55,8 @@ def rss_mb() -> float:
 def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
     """One measure in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
     from raftlog.fsm import ApplyContext
-    from scheduler.commands import Claim, ClaimSlots, FinishRuns, PutJobs, RegisterNode, StartRuns, encode_command
+    from scheduler.commands import PutJobs, RegisterNode, encode_command
     from scheduler.state import State
-
-    if restore_from is not None:
-        data = Path(restore_from).read_bytes()
-        gc.collect()
-        before = rss_mb()
-        s = State()
-        t0 = time.perf_counter()
-        s.restore(data)
-        took = time.perf_counter() - t0
-        del data
-        gc.collect()
-        return {"restore_s": took, "rss_restored_mb": rss_mb(), "rss_before_restore_mb": before,
-                "records": len(s.runs)}
 
     s = State()
     index = 0
@@ -77,6 +67,22 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         out = s.apply(encode_command(cmd), ApplyContext(index=index))
         return out
 
+    if restore_from is not None:
+        data = Path(restore_from).read_bytes()
+        gc.collect()
+        before = rss_mb()
+        t0 = time.perf_counter()
+        s.restore(data)
+        took = time.perf_counter() - t0
+        del data
+        gc.collect()
+        rss_restored = rss_mb()
+        # What a replica replays of its journal after the restore: the next round, on a cold state.
+        index = s.applied_index
+        replay = _round(apply, sorted(s.jobs), keep + 1)
+        return {"restore_s": took, "rss_restored_mb": rss_restored, "rss_before_restore_mb": before,
+                "records": len(s.runs), "round_after_restore_s": replay}
+
     apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
     names = [f"job-{i:07d}" for i in range(jobs)]
     for start in range(0, jobs, 1000):
@@ -86,21 +92,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         apply(PutJobs(at_us=T0, specs=specs))
     gc.collect()
     rss_jobs = rss_mb()
-    round_s: list[float] = []
-    for k in range(1, keep + 1):
-        slot = T0 + k * MIN
-        t0 = time.perf_counter()
-        for start in range(0, jobs, 1000):
-            part = names[start:start + 1000]
-            out = apply(ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
-                Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in part)))
-            ids = tuple(r["id"] for r in out.result["runs"])
-            apply(StartRuns(at_us=slot + 1000, node="n1", runs=ids, started_us={r: slot + 1000 for r in ids},
-                            lease_until_us=slot + 30_000_000))
-            apply(FinishRuns(at_us=slot + 50_000, node="n1", results=tuple(
-                {"run_id": r, "status": "succeeded", "started_us": slot + 1000, "finished_us": slot + 50_000,
-                 "exit_code": None, "http_status": 200, "output": "", "error": None} for r in ids)))
-        round_s.append(time.perf_counter() - t0)
+    round_s = [_round(apply, names, k) for k in range(1, keep + 1)]
     records = len(s.runs)
     gc.collect()
     rss_runs = rss_mb()
@@ -124,6 +116,26 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
     }
 
 
+def _round(apply: Callable[[Any], Any], names: list[str], k: int) -> float:
+    """Slot ``k`` (minutes from T0) of every job claimed, started and finished, 1,000 jobs an
+    entry, as the leader and a worker write them; its seconds."""
+    from scheduler.commands import Claim, ClaimSlots, FinishRuns, StartRuns
+
+    slot = T0 + k * MIN
+    t0 = time.perf_counter()
+    for start in range(0, len(names), 1000):
+        part = names[start:start + 1000]
+        out = apply(ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
+            Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in part)))
+        ids = tuple(r["id"] for r in out.result["runs"])
+        apply(StartRuns(at_us=slot + 1000, node="n1", runs=ids, started_us={r: slot + 1000 for r in ids},
+                        lease_until_us=slot + 30_000_000))
+        apply(FinishRuns(at_us=slot + 50_000, node="n1", results=tuple(
+            {"run_id": r, "status": "succeeded", "started_us": slot + 1000, "finished_us": slot + 50_000,
+             "exit_code": None, "http_status": 200, "output": "", "error": None} for r in ids)))
+    return time.perf_counter() - t0
+
+
 def measure(tree: Path, jobs: int, keep: int) -> dict[str, Any]:
     # This file run as a script: its own directory first on sys.path, then ``tree``'s packages.
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -132,7 +144,7 @@ def measure(tree: Path, jobs: int, keep: int) -> dict[str, Any]:
                                     capture_output=True, text=True, cwd=tree).stdout.splitlines()[-1])
     path = out.pop("snapshot_path")
     try:
-        restored = json.loads(subprocess.run([*me, "restore", path], env=env, check=True, capture_output=True,
+        restored = json.loads(subprocess.run([*me, "restore", path, str(keep)], env=env, check=True, capture_output=True,
                                              text=True, cwd=tree).stdout.splitlines()[-1])
     finally:
         os.unlink(path)
@@ -143,7 +155,7 @@ def _child_main(argv: list[str]) -> None:
     if argv[0] == "build":
         print(json.dumps(child(int(argv[1]), int(argv[2]), None)))
     else:
-        print(json.dumps(child(0, 0, argv[1])))
+        print(json.dumps(child(0, int(argv[2]), argv[1])))
 
 
 def main() -> None:
