@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -240,6 +241,7 @@ def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, A
     for n in cluster.nodes:
         assert n.proc is not None
         n.proc.wait(10)
+    on_disk = {n.name: _on_disk(n.data_dir) for n in cluster.nodes}
     start = time.monotonic()
     spies = []
     for n in cluster.nodes:
@@ -258,7 +260,24 @@ def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, A
     for spy in spies:
         spy.wait(profile_s + 60)
     return {"first_write_s": first.get("seconds"), "all_planned_s": planned_s, "leader": leader.name,
-            "answers": first.get("answers")}
+            "answers": first.get("answers"), "on_disk": on_disk}
+
+
+def _on_disk(data_dir: Path) -> dict[str, int | None]:
+    """What a node restarts from: its snapshot's bytes, and the bytes of journal records behind it
+    (the journal file's header names where its last record ends; the file itself is grown ahead)."""
+    out: dict[str, int | None] = {}
+    try:
+        out["snapshot_bytes"] = (data_dir / "raft.dump").stat().st_size
+    except OSError:
+        out["snapshot_bytes"] = None
+    try:
+        with open(data_dir / "raft.journal", "rb") as f:
+            head = f.read(40)
+        out["journal_bytes"] = int.from_bytes(head[36:40], "little") if len(head) == 40 else None
+    except OSError:
+        out["journal_bytes"] = None
+    return out
 
 
 def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:

@@ -111,6 +111,11 @@ class Job:
     depends_on: DependsOn | None = None
     alerts: Alerts = field(default_factory=Alerts)
     history: History = field(default_factory=History)
+    policy: Policy = field(init=False, repr=False, compare=False)  # derived from the four above
+
+    def __post_init__(self) -> None:
+        # Made once here: the ledger reads it at every claim, start and result (``Store.policy``).
+        object.__setattr__(self, "policy", _kept(Policy(self.history.keep, self.retries, self.delivery, self.alerts)))
 
     @property
     def tz(self) -> ZoneInfo:
@@ -220,11 +225,21 @@ class Policy(NamedTuple):
 
     @classmethod
     def of(cls, job: Job) -> Policy:
-        return cls(job.history.keep, job.retries, job.delivery, job.alerts)
+        return job.policy
 
 
 _POLICIES: dict[Policy, Policy] = {}
 _POLICIES_MAX = 4096
+
+
+def _kept(policy: Policy) -> Policy:
+    """An equal ``Policy`` made before, else ``policy`` (kept for the next, up to ``_POLICIES_MAX``)."""
+    kept = _POLICIES.get(policy)
+    if kept is not None:
+        return kept
+    if len(_POLICIES) < _POLICIES_MAX:
+        _POLICIES[policy] = policy
+    return policy
 
 
 def parse_policy(doc: object) -> Policy:
@@ -239,12 +254,7 @@ def parse_policy(doc: object) -> Policy:
                     f.choice("delivery", Delivery, Delivery.AT_LEAST_ONCE), _shared(f, "alerts", parse_alerts))
     if problems:
         raise ValidationFailed(problems.items)
-    kept = _POLICIES.get(policy)
-    if kept is not None:
-        return kept
-    if len(_POLICIES) < _POLICIES_MAX:
-        _POLICIES[policy] = policy
-    return policy
+    return _kept(policy)
 
 
 _S = TypeVar("_S")

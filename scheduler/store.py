@@ -82,7 +82,7 @@ class Store:
         is one, else from its stored document without parsing it whole: the same either way."""
         parsed = self._parsed.get(name)
         if parsed is not None:
-            return Policy.of(parsed)
+            return parsed.policy
         policy = self._policies.get(name)
         if policy is None:
             rec = self.jobs.get(name)

@@ -48,6 +48,7 @@ def test_a_documents_policy_is_what_parsing_it_whole_gives(doc: dict[str, Any]) 
     job = parse_job(doc)
     assert parse_policy(doc) == Policy.of(job)
     assert parse_policy(job.to_doc()) == Policy.of(job)  # the stored (canonical) form too
+    assert parse_policy(doc) is job.policy  # one shared value, made when the job was parsed
 
 
 def test_jobs_writing_the_same_sections_share_one_policy() -> None:
