@@ -19,11 +19,17 @@ On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
    firing through step 5, so the restart is of a cluster at work with its history;
 5. kill -9 of all three, start all three: seconds to the first committed write, and to the
    leader knowing every job's next slot (``raftcron_leader_unplanned_jobs`` reaching 0), the
-   RSS after the restart.
+   RSS after the restart, and the snapshot and journal bytes each node restarted from.
+
+RSS is reported whole and split into anonymous and file-backed pages (the mapped raft journal).
+``--profile-restart S`` samples each agent with py-spy for S seconds from its restart;
+``--profile-fill S`` for S seconds once 80 % of the history is held, and names what held the
+GIL over the prober's slowest answers then (both need py-spy: ``pip install -e '.[bench]'``).
 
     python -m bench.scale                 # 100,000 jobs, 2 repetitions (~10 minutes)
     python -m bench.scale --quick         # 10,000 jobs, 1 repetition
     python -m bench.scale --history 10 --repeat 1   # and 1,000,000 run records (~12 more minutes)
+    python -m bench.scale --history 10 --repeat 1 --profile-restart 20
 
 The JSON goes to bench/results/scale.json (``--ab NAME``: also bench/ab/NAME.json).
 """
