@@ -50,8 +50,9 @@ class Store:
         self.clocks: dict[str, dict[str, Any]] = {}  # node id -> its clock as the leader last judged it (NodeClock)
         self.applied_index = 0
         self.last_noop: dict[str, Any] = {}
-        self._parsed: dict[str, Job] = {}  # derived from jobs[*]["spec"], never snapshotted
-        self._policies: dict[str, Policy] = {}  # likewise, for jobs not parsed whole (``policy``)
+        # Derived from jobs[*]["spec"], never snapshotted: (the document parsed, what it gave).
+        self._parsed: dict[str, tuple[dict[str, Any], Job]] = {}
+        self._policies: dict[str, tuple[dict[str, Any], Policy]] = {}  # for jobs not parsed whole (``policy``)
         self._dependents: dict[str, list[str]] | None = None  # upstream -> dependents, derived likewise
         self._aged: dict[str, int] | None = None  # job -> history.max_age in us, for jobs that set it; likewise
         # Derived likewise, exact for an empty store and kept in step from the first job;
@@ -66,40 +67,50 @@ class Store:
         return JobRuns(self.runs)
 
     def job(self, name: str) -> Job | None:
-        """The parsed job; parsing is pure, so the cache is the same on every replica."""
-        parsed = self._parsed.get(name)
-        if parsed is None:
-            rec = self.jobs.get(name)
-            if rec is None:
-                return None
-            parsed = parse_job(rec["spec"])
-            self._parsed[name] = parsed
-            self._policies.pop(name, None)
+        """The parsed job. Parsing is pure, so the cache is the same on every replica; an entry
+        stands only for the document it was parsed from (by identity): the event loop may parse
+        a job while the raft thread stores a new document for it, and its late write into the
+        cache must not stand for the new one (the old rule, a write the ledger would then read,
+        could make one replica trim or retry by a document the others had replaced)."""
+        rec = self.jobs.get(name)
+        if rec is None:
+            return None
+        spec = rec["spec"]
+        hit = self._parsed.get(name)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        parsed = parse_job(spec)
+        self._parsed[name] = (spec, parsed)
+        self._policies.pop(name, None)
         return parsed
 
     def policy(self, name: str) -> Policy | None:
-        """What the run ledger reads of a job (``model.Policy``), from the parsed job when there
-        is one, else from its stored document without parsing it whole: the same either way."""
-        parsed = self._parsed.get(name)
-        if parsed is not None:
-            return parsed.policy
-        policy = self._policies.get(name)
-        if policy is None:
-            rec = self.jobs.get(name)
-            if rec is None:
-                return None
-            policy = parse_policy(rec["spec"])
-            self._policies[name] = policy
+        """What the run ledger reads of a job (``model.Policy``): the parsed job's when it is
+        cached, else read from its stored document without parsing it whole; the same either way,
+        and, as ``job``, only ever from the document stored now."""
+        rec = self.jobs.get(name)
+        if rec is None:
+            return None
+        spec = rec["spec"]
+        hit = self._parsed.get(name)
+        if hit is not None and hit[0] is spec:
+            return hit[1].policy
+        kept = self._policies.get(name)
+        if kept is not None and kept[0] is spec:
+            return kept[1]
+        policy = parse_policy(spec)
+        self._policies[name] = (spec, policy)
         return policy
 
     def spec_changed(self, name: str, job: Job | None = None) -> None:
         """A job's document was stored anew (``job``: parsed, as it was validated) or removed:
         what was derived from the one before is dropped."""
         self._policies.pop(name, None)
-        if job is None:
+        rec = self.jobs.get(name)
+        if job is None or rec is None:
             self._parsed.pop(name, None)
         else:
-            self._parsed[name] = job
+            self._parsed[name] = (rec["spec"], job)
 
     def active_runs(self) -> list[RunRecord]:
         """The records of the attempts in flight (claimed, running, or waiting for a retry)."""

@@ -22,7 +22,7 @@ def _break(state: State, name: str) -> None:
     ``starts_at: 9999-12-31T23:59:59Z`` with ``@hourly``): stepping its schedule overflows."""
     job = state.job(name)
     assert job is not None
-    state._parsed[name] = dataclasses.replace(job, starts_at=FAR)
+    state._parsed[name] = (state.jobs[name]["spec"], dataclasses.replace(job, starts_at=FAR))
 
 
 async def test_a_job_that_cannot_be_planned_leaves_the_others_running() -> None:

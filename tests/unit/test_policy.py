@@ -132,3 +132,26 @@ def test_a_replay_after_a_restore_parses_no_job_whole_and_ends_where_the_live_st
         _round(live, k, index)
     assert restored.snapshot_bytes() == live.snapshot_bytes()
     assert restored.job("retried") == live.job("retried")  # parsing on demand still works
+
+
+def test_a_parse_that_loses_a_race_with_an_edit_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The event loop parses a job (a view, the planner) while the raft thread stores an edit of
+    # it: the parse of the old document finishes last and is written into the cache last. Read
+    # after that, the job and its policy must be the edited ones, as on every other replica.
+    state, index = State(), [0]
+    _apply(state, PutJobs(at_us=T0, specs=(DOCS[1],)), index)  # keeps 3
+    state.spec_changed("retried")  # nothing parsed yet, as after a restore
+    edited = {**DOCS[1], "history": {"keep": 7}}
+
+    def preempted(doc: Any, **kw: Any) -> Any:
+        parsed = parse_job(doc, **kw)
+        monkeypatch.setattr(store_module, "parse_job", parse_job)
+        _apply(state, PutJobs(at_us=T0 + 1, specs=(edited,)), index)  # the raft thread, mid-parse
+        return parsed
+
+    monkeypatch.setattr(store_module, "parse_job", preempted)
+    assert state.job("retried").history.keep == 3  # the caller's own answer: the document it read
+    assert state.jobs["retried"]["spec"]["history"]["keep"] == 7
+    job = state.job("retried")
+    assert job is not None and job.history.keep == 7
+    assert state.policy("retried") == Policy.of(job)
