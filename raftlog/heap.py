@@ -102,9 +102,10 @@ def release_free_memory() -> bool:
     The C heap never gives back a free page that has a live block above it. A snapshot holds
     every job's run records as they were while it is written, and the raft thread meanwhile
     replaces each job's value at its next claim, start or result: the new values land above the
-    old, and when the snapshot lets the old go they leave holes that stay resident. With 100,000
-    jobs firing each minute, an agent's RSS grew to about twice its live data that way. The call
-    releases the GIL (``ctypes``) and took 4 ms for a 200 MB heap."""
+    old, and when the snapshot lets the old go they leave holes that stay resident. In-process
+    (50,000 jobs, a snapshot held over a round of changes) the call took RSS from 211 to 166 MB
+    in 4 ms; in the agents of a million-record run it changed nothing measurable, their memory
+    being live objects. The call releases the GIL (``ctypes``)."""
     trim = _TRIM
     if trim is None:
         return False

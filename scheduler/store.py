@@ -36,6 +36,13 @@ def copied(d: dict[_K, _V]) -> dict[_K, _V]:
     return d.copy()
 
 
+def _current(cache: dict[str, tuple[dict[str, Any], _V]], name: str, spec: dict[str, Any]) -> _V | None:
+    """What ``cache`` derived from ``name``'s document ``spec``; None when it holds nothing, or
+    what it derived from a document that is no longer the one stored."""
+    hit = cache.get(name)
+    return hit[1] if hit is not None and hit[0] is spec else None
+
+
 class Store:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -72,35 +79,35 @@ class Store:
         a job while the raft thread stores a new document for it, and its late write into the
         cache must not stand for the new one (the old rule, a write the ledger would then read,
         could make one replica trim or retry by a document the others had replaced)."""
-        rec = self.jobs.get(name)
-        if rec is None:
+        spec = self._spec(name)
+        if spec is None:
             return None
-        spec = rec["spec"]
-        hit = self._parsed.get(name)
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        parsed = parse_job(spec)
-        self._parsed[name] = (spec, parsed)
-        self._policies.pop(name, None)
+        parsed = _current(self._parsed, name, spec)
+        if parsed is None:
+            parsed = parse_job(spec)
+            self._parsed[name] = (spec, parsed)
+            self._policies.pop(name, None)
         return parsed
 
     def policy(self, name: str) -> Policy | None:
         """What the run ledger reads of a job (``model.Policy``): the parsed job's when it is
         cached, else read from its stored document without parsing it whole; the same either way,
         and, as ``job``, only ever from the document stored now."""
-        rec = self.jobs.get(name)
-        if rec is None:
+        spec = self._spec(name)
+        if spec is None:
             return None
-        spec = rec["spec"]
-        hit = self._parsed.get(name)
-        if hit is not None and hit[0] is spec:
-            return hit[1].policy
-        kept = self._policies.get(name)
-        if kept is not None and kept[0] is spec:
-            return kept[1]
-        policy = parse_policy(spec)
-        self._policies[name] = (spec, policy)
+        parsed = _current(self._parsed, name, spec)
+        if parsed is not None:
+            return parsed.policy
+        policy = _current(self._policies, name, spec)
+        if policy is None:
+            policy = parse_policy(spec)
+            self._policies[name] = (spec, policy)
         return policy
+
+    def _spec(self, name: str) -> dict[str, Any] | None:
+        rec = self.jobs.get(name)
+        return None if rec is None else rec["spec"]
 
     def spec_changed(self, name: str, job: Job | None = None) -> None:
         """A job's document was stored anew (``job``: parsed, as it was validated) or removed:

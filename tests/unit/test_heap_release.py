@@ -3,8 +3,7 @@
 Each job's run records are one value of a kilobyte or two, made anew at every claim, start and
 result, so they live on the C heap. A snapshot holds every job's old value while it is written;
 the new values land above them, and when the snapshot lets the old ones go, the pages they free
-stay resident behind the new values until ``malloc_trim`` hands them back. With 100,000 jobs
-firing each minute that kept an agent's RSS at about twice what it held.
+stay resident behind the new values until ``malloc_trim`` hands them back.
 """
 
 from __future__ import annotations
