@@ -12,6 +12,7 @@ The run transitions themselves live in ``scheduler.ledger``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Iterator
@@ -423,21 +424,27 @@ class State(Store):
         return len(self.jobs) + len(self.runs)
 
     def snapshot(self) -> Iterator[bytes]:
-        """Capture now (shallow copies of never-mutated records); pack lazily, in chunks."""
+        """Capture now, pack lazily, in chunks.
+
+        The capture runs on the raft thread, holding the GIL, so it copies only the tables
+        (``dict.copy``: no object made per job), never a record: records and each job's notes
+        are replaced, never changed in place, so the copies hold them as they are now while
+        the state moves on. Listing 100,000 jobs as pairs here, and copying each job's notes,
+        took 0.2-0.5 s in-process (the pairs' allocations drove young collections too)."""
         runs = self.runs.capture()
-        sections: list[tuple[str, Slices | Iterator[list[Any]]]] = [
+        sections: list[tuple[str, Slices | dict[Any, Any] | Iterator[list[Any]]]] = [
             ("meta", [{"v": self.snapshot_version, "applied_index": self.applied_index, "last_noop": self.last_noop,
                        "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
-            ("jobs", list(self.jobs.items())),
-            ("nodes", list(self.nodes.items())),
+            ("jobs", self.jobs.copy()),
+            ("nodes", self.nodes.copy()),
             *([("runs", runs.by_job(_CHUNK)), ("runs_index", runs.index(8 * _CHUNK))]
               if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
             ("active", list(self.active)),
             ("dead", list(self.dead)),
-            ("pending_deps", list(self.pending_deps.items())),
-            ("notes", [(k, list(v)) for k, v in self.notes.items()]),
-            ("alerts", list(self.alerts.items())),
-            ("clocks", list(self.clocks.items())),
+            ("pending_deps", self.pending_deps.copy()),
+            ("notes", self.notes.copy()),
+            ("alerts", self.alerts.copy()),
+            ("clocks", self.clocks.copy()),
         ]
         return _pack_sections(sections, _SharedSections() if self.snapshot_version >= 2 else None)
 
@@ -506,7 +513,7 @@ class State(Store):
                     if list(ids) != fresh.runs.ids_of(job):
                         raise CodecError(f"state snapshot lists runs of job {job!r} its records do not hold")
             elif name == "notes":
-                fresh.notes.update((k, list(v)) for k, v in items)
+                fresh.notes.update((k, tuple(v)) for k, v in items)
             elif name in sets:
                 sets[name].update(dict.fromkeys(items))
         if version >= 2 and not ended:
@@ -569,15 +576,28 @@ def _shown(v: Any) -> str:
     return "none" if v is None else repr(v) if isinstance(v, str) else str(v)
 
 
-def _pack_sections(sections: list[tuple[str, Slices | Iterator[list[Any]]]],
+def _chunks(items: Slices | dict[Any, Any]) -> Iterator[list[Any]]:
+    """A section's chunks of ``_CHUNK`` items (a table's as key, value pairs); one empty
+    chunk for an empty section."""
+    if isinstance(items, dict):
+        pairs = iter(items.items())
+        chunk = list(itertools.islice(pairs, _CHUNK))
+        yield chunk
+        while chunk := list(itertools.islice(pairs, _CHUNK)):
+            yield chunk
+        return
+    for start in range(0, max(len(items), 1), _CHUNK):
+        yield items[start : start + _CHUNK]
+
+
+def _pack_sections(sections: list[tuple[str, Slices | dict[Any, Any] | Iterator[list[Any]]]],
                    shared: _SharedSections | None) -> Iterator[bytes]:
     for name, items in sections:
         if isinstance(items, Iterator):  # a section that chunks itself (the run table's)
             for chunk in items:
                 yield pack([name, chunk])
             continue
-        for start in range(0, max(len(items), 1), _CHUNK):
-            chunk = items[start : start + _CHUNK]
+        for chunk in _chunks(items):
             if name == "jobs" and shared is not None:
                 chunk = [(job, shared.record(rec)) for job, rec in chunk]
                 if shared.fresh:

@@ -51,7 +51,9 @@ class Store:
         self.active: dict[str, None] = {}  # claimed, running, retrying, lost awaiting a retry
         self.dead: dict[str, None] = {}
         self.pending_deps: dict[str, dict[str, Any]] = {}
-        self.notes: dict[str, list[dict[str, Any]]] = {}  # per job: explain notes (summaries, pauses)
+        # Per job: explain notes (summaries, pauses, edits), oldest first. A tuple, replaced
+        # at each note, never changed in place: a snapshot's capture holds it without a copy.
+        self.notes: dict[str, tuple[dict[str, Any], ...]] = {}
         self.alerts: dict[str, dict[str, Any]] = {}
         self.alert_seq = 0
         self.clocks: dict[str, dict[str, Any]] = {}  # node id -> its clock as the leader last judged it (NodeClock)
@@ -204,7 +206,5 @@ class Store:
             self._aged.pop(name, None)
 
     def note(self, job: str, entry: dict[str, Any]) -> None:
-        notes = self.notes.setdefault(job, [])
-        notes.append(entry)
-        if len(notes) > NOTES_KEPT:
-            del notes[: len(notes) - NOTES_KEPT]
+        notes = (*self.notes.get(job, ()), entry)
+        self.notes[job] = notes[-NOTES_KEPT:] if len(notes) > NOTES_KEPT else notes
