@@ -12,7 +12,7 @@ import bisect
 from typing import Any, TypeVar
 
 from .duration import parse_duration
-from .model import Job, Policy, parse_job, parse_policy
+from .model import Job, Policy, parse_job, stored_policy
 from .runs import RunRecord
 from .runtable import JobRuns, RunTable
 
@@ -103,7 +103,7 @@ class Store:
             return parsed.policy
         policy = _current(self._policies, name, spec)
         if policy is None:
-            policy = parse_policy(spec)
+            policy = stored_policy(spec)
             self._policies[name] = (spec, policy)
         return policy
 

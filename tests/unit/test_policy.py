@@ -155,3 +155,54 @@ def test_a_parse_that_loses_a_race_with_an_edit_is_never_read(monkeypatch: pytes
     job = state.job("retried")
     assert job is not None and job.history.keep == 7
     assert state.policy("retried") == Policy.of(job)
+
+
+def test_a_replay_after_a_restore_reads_each_combination_of_sections_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 300 jobs from one template with three retry policies and two delivery modes: six
+    # combinations. After a restore each job's policy used to be parsed from its document
+    # the first time the ledger met the job (300 parses); jobs sharing sections share one.
+    import scheduler.model as model_module
+
+    docs = tuple({"name": f"t-{i:03d}", "schedule": "* * * * *", "executor": "http",
+                  "http": {"url": "https://x.test/"}, "retries": {"max": i % 3}, "history": {"keep": 2},
+                  "delivery": "at-most-once" if i % 2 else "at-least-once"} for i in range(300))
+    live, index = State(), [0]
+    _apply(live, RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"), index)
+    _apply(live, PutJobs(at_us=T0, specs=docs), index)
+    restored = State()
+    restored.restore(live.snapshot_bytes())
+    getattr(model_module, "_STORED", {}).clear()  # what earlier tests left
+    parses: list[str] = []
+
+    def counting(doc: Any) -> Policy:
+        parses.append(doc["name"])
+        return parse_policy(doc)
+
+    monkeypatch.setattr(model_module, "parse_policy", counting)
+    monkeypatch.setattr(store_module, "parse_policy", counting, raising=False)  # where it was called before
+    names = [d["name"] for d in docs]
+    for k in (1, 2):
+        slot = T0 + k * MIN
+        out = _apply(restored, ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
+            Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in names)), index)
+        ids = tuple(r["id"] for r in out["runs"])
+        _apply(restored, FinishRuns(at_us=slot + 50_000, node="n1", results=tuple(
+            {"run_id": r, "status": "failed", "started_us": slot + 1000, "finished_us": slot + 50_000,
+             "exit_code": None, "http_status": 500, "output": "", "error": "boom"} for r in ids)), index)
+    assert len(parses) <= 6, f"{len(parses)} policies parsed for 300 jobs of 6 combinations"
+    for d in docs:  # each job still reads its own
+        assert restored.policy(d["name"]) == Policy.of(parse_job(d))
+    assert sum(r["status"] == "retrying" for r in restored.runs.values()) > 0  # the retries were read
+
+
+def test_a_stored_policy_follows_each_of_the_four_sections() -> None:
+    from scheduler.model import stored_policy
+
+    base = parse_job(DOCS[1]).to_doc()
+    assert stored_policy(base) == parse_policy(base)
+    for patch in ({"retries": {"max": 5, "backoff": "1s", "factor": 2.0, "max_backoff": "1m"}},
+                  {"history": {"keep": 9, "max_age": None}}, {"delivery": "at-most-once"},
+                  {"alerts": {**base["alerts"], "after_failures": 7}}):
+        edited = {**base, **patch}  # the other sections are the very same objects
+        assert stored_policy(edited) == parse_policy(edited) != parse_policy(base)
+        assert stored_policy(base) == parse_policy(base)
