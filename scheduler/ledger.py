@@ -353,14 +353,31 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     return new
 
 
+_CONDITIONS = {c.value: c for c in DependsOnCondition}
+
+
+def _depends_on(state: Store, name: str) -> tuple[str, DependsOnCondition] | None:
+    """``name``'s ``depends_on`` (upstream, condition), read from its stored document, which
+    holds it as ``DependsOn.to_doc`` writes it: the job is parsed whole only for a form that
+    is not that one. (After a restore nothing is parsed, and the first finished run of each
+    upstream parsed every one of its dependents.)"""
+    rec = state.jobs.get(name)
+    dep = rec["spec"].get("depends_on") if rec is not None else None
+    if type(dep) is dict and type(upstream := dep.get("job")) is str and type(on := dep.get("on")) is str \
+            and on in _CONDITIONS and len(dep) == 2:
+        return upstream, _CONDITIONS[on]
+    job = state.job(name)
+    return None if job is None or job.depends_on is None else (job.depends_on.job, job.depends_on.on)
+
+
 def _trigger_dependents(state: Store, run: RunRecord) -> None:
     ok = run["status"] == "succeeded"
     for name in state.dependents_of(run["job"]):
-        job = state.job(name)
-        dep = job.depends_on if job is not None else None
-        if dep is None or dep.job != run["job"]:
+        dep = _depends_on(state, name)
+        if dep is None or dep[0] != run["job"]:
             continue
-        if dep.on is DependsOnCondition.ANY or (dep.on is DependsOnCondition.SUCCESS) == ok:
+        on = dep[1]
+        if on is DependsOnCondition.ANY or (on is DependsOnCondition.SUCCESS) == ok:
             state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
 
 

@@ -206,3 +206,39 @@ def test_a_stored_policy_follows_each_of_the_four_sections() -> None:
         edited = {**base, **patch}  # the other sections are the very same objects
         assert stored_policy(edited) == parse_policy(edited) != parse_policy(base)
         assert stored_policy(base) == parse_policy(base)
+
+
+def test_a_replay_after_a_restore_triggers_dependents_without_parsing_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    up = {"name": "up", "schedule": "* * * * *", "executor": "http", "http": {"url": "https://x.test/"}}
+    docs = (up, *({"name": f"down-{on}", "executor": "http", "http": {"url": "https://x.test/"},
+                   "depends_on": {"job": "up", "on": on}} for on in ("success", "failure", "any")))
+    live, index = State(), [0]
+    _apply(live, RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"), index)
+    _apply(live, PutJobs(at_us=T0, specs=docs), index)
+    restored = State()
+    restored.restore(live.snapshot_bytes())
+    at = index[0]
+    parsed: list[str] = []
+
+    def counting(doc: Any, **kw: Any) -> Any:
+        parsed.append(doc["name"])
+        return parse_job(doc, **kw)
+
+    for state in (restored, live):
+        index[0] = at
+        # counted on the restored replica only (the live one parsed every job when it stored it)
+        monkeypatch.setattr(store_module, "parse_job", counting if state is restored else parse_job)
+        for k, status in ((1, "succeeded"), (2, "failed")):
+            slot = T0 + k * MIN
+            out = _apply(state, ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=(
+                Claim(job="up", slot_us=slot, trigger="schedule", node="n1"),)), index)
+            rid = out["runs"][0]["id"]
+            _apply(state, FinishRuns(at_us=slot + 50_000, node="n1", results=(
+                {"run_id": rid, "status": status, "started_us": slot + 1000, "finished_us": slot + 50_000,
+                 "exit_code": None, "http_status": 200 if status == "succeeded" else 500, "output": "",
+                 "error": None},)), index)
+        if state is restored:
+            assert parsed == []
+    assert sorted(d["job"] for d in restored.pending_deps.values()) == [
+        "down-any", "down-any", "down-failure", "down-success"]
+    assert restored.pending_deps == live.pending_deps
