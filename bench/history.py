@@ -9,7 +9,8 @@ Each form is measured in a process of its own, so its RSS is its own:
 - RSS with the jobs alone, then with the records, and the bytes per record (their difference
   over the count);
 - seconds to apply one round (one record per job: claim, start, finish);
-- the snapshot: bytes, seconds to pack it;
+- the snapshot: bytes, seconds to pack it, and milliseconds to capture it (``snapshot_capture_ms``,
+  median of 3: what the raft thread does before a thread of its own packs, holding the GIL);
 - a restore into a fresh process: seconds, and the RSS after it; then one more round applied to
   the restored state (``round_after_restore_s``: what replaying a journal after a restart costs,
   against ``round_s`` on the state that applied everything);
@@ -103,6 +104,12 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         got = [s.runs.get(rid) for rid in reversed(ids[-10:])]
         reads.append(time.perf_counter() - t0)
         assert len(got) == min(10, keep) and all(r is not None for r in got)
+    captures = []
+    for _ in range(3):  # the capture alone (what the raft thread does, holding the GIL), then packed
+        t0 = time.perf_counter()
+        chunks = s.snapshot()
+        captures.append(time.perf_counter() - t0)
+        del chunks
     t0 = time.perf_counter()
     data = s.snapshot_bytes()
     pack_s = time.perf_counter() - t0
@@ -112,6 +119,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         "records": records, "rss_jobs_mb": rss_jobs, "rss_runs_mb": rss_runs,
         "bytes_per_record": (rss_runs - rss_jobs) * 1024 * 1024 / max(records, 1),
         "round_s": statistics.median(round_s), "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
+        "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
     }
 
