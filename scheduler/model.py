@@ -258,6 +258,7 @@ def parse_policy(doc: object) -> Policy:
     return _kept(policy)
 
 
+_JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 _STORED: dict[tuple[int, int, str, int], tuple[object, object, object, Policy]] = {}
 _STORED_MAX = 4096
 
@@ -270,12 +271,14 @@ def stored_policy(doc: dict[str, Any]) -> Policy:
     identity of the four sections it reads (``history``, ``retries``, ``alerts``) and the
     value of ``delivery``, and parsed only for a combination not met before. A replica that
     replays its journal after a restore meets every job for the first time; parsing each
-    one's policy was ~12 % of that replay in-process (30,000 jobs). The entry holds the
+    one's policy was ~12 % of that replay in-process (30,000 jobs). A document with a field
+    parsing does not know is parsed (and refused) as ``parse_policy`` refuses it, whatever the
+    cache holds, so every replica answers it alike. The entry holds the
     sections, so their ids cannot be reused while it stands; at most ``_STORED_MAX`` are
     kept, then it starts again."""
     history, retries, delivery, alerts = doc.get("history"), doc.get("retries"), doc.get("delivery"), doc.get("alerts")
-    if type(delivery) is not str:
-        return parse_policy(doc)
+    if type(delivery) is not str or not doc.keys() <= _JOB_FIELD_SET:
+        return parse_policy(doc)  # refuses a field it does not know, as it always would
     key = (id(history), id(retries), delivery, id(alerts))
     hit = _STORED.get(key)
     if hit is not None and hit[0] is history and hit[1] is retries and hit[2] is alerts:

@@ -408,10 +408,12 @@ class State(Store):
             # Edited or deleted since the leader tried: the next plan judges the job afresh.
             return Rejected("stale", f"job {cmd.job!r} is no longer at version {cmd.version}")
         prev = rec.get("planning_error")
+        # The record is replaced, never changed in place: a snapshot being packed holds it.
         if cmd.error is None:
-            rec.pop("planning_error", None)
+            if prev is not None:
+                self.jobs[cmd.job] = {k: v for k, v in rec.items() if k != "planning_error"}
             return {"job": cmd.job, "changed": prev is not None}
-        rec["planning_error"] = {"error": cmd.error, "version": cmd.version, "at_us": cmd.at_us}
+        self.jobs[cmd.job] = {**rec, "planning_error": {"error": cmd.error, "version": cmd.version, "at_us": cmd.at_us}}
         first = prev is None or prev["version"] != cmd.version
         if first:  # one alert per failing version, whichever leader finds it, however often it retries
             alerts.on_unplannable(self, cmd.job, cmd.error, cmd.at_us, node=cmd.leader)

@@ -242,3 +242,14 @@ def test_a_replay_after_a_restore_triggers_dependents_without_parsing_them(monke
     assert sorted(d["job"] for d in restored.pending_deps.values()) == [
         "down-any", "down-any", "down-failure", "down-success"]
     assert restored.pending_deps == live.pending_deps
+
+
+def test_a_stored_policy_refuses_an_unknown_field_however_warm_its_cache() -> None:
+    from scheduler.model import stored_policy
+
+    base = parse_job(DOCS[2]).to_doc()
+    assert stored_policy(base) == parse_policy(base)  # the sections' entry is made
+    odd = {**base, "colour": "red"}  # the very same sections
+    with pytest.raises(ValidationFailed) as refused:
+        stored_policy(odd)
+    assert [p["field"] for p in refused.value.details] == ["colour"]

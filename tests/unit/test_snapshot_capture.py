@@ -14,7 +14,17 @@ import tracemalloc
 from typing import Any
 
 from raftlog.fsm import ApplyContext
-from scheduler.commands import Claim, ClaimSlots, FinishRuns, PauseJob, PutJobs, RegisterNode, StartRuns, encode_command
+from scheduler.commands import (
+    Claim,
+    ClaimSlots,
+    FinishRuns,
+    JobPlanning,
+    PauseJob,
+    PutJobs,
+    RegisterNode,
+    StartRuns,
+    encode_command,
+)
 from scheduler.state import State
 
 T0 = 1_800_000_000_000_000
@@ -84,6 +94,22 @@ def test_a_snapshot_holds_the_state_of_its_capture_while_the_state_moves_on() ->
     assert b"".join(chunks) == expected
     assert state.notes["job-00001"][-1]["reason"] == "held"
     assert len(state.notes["job-00001"]) == 2
+
+
+def test_a_planning_error_recorded_or_cleared_after_the_capture_is_not_in_the_snapshot() -> None:
+    # The record used to be changed in place: a snapshot being packed picked up the error, and
+    # a replica restored from it, replaying the entry that set it, raised no alert where the
+    # others had raised one.
+    state, index = _busy_state()
+    _apply(state, JobPlanning(at_us=T0 + 10 * MIN, job="job-00002", version=2, error="no slot in 5 years",
+                              leader="n1", term=1), index)
+    expected = state.snapshot_bytes()
+    chunks = state.snapshot()
+    _apply(state, JobPlanning(at_us=T0 + 11 * MIN, job="job-00002", version=2, error=None, leader="n1", term=1), index)
+    _apply(state, JobPlanning(at_us=T0 + 11 * MIN, job="job-00003", version=2, error="no slot in 5 years",
+                              leader="n1", term=1), index)
+    assert "planning_error" not in state.jobs["job-00002"] and "planning_error" in state.jobs["job-00003"]
+    assert b"".join(chunks) == expected
 
 
 def test_notes_keep_the_newest_and_are_never_changed_in_place(monkeypatch: Any) -> None:
