@@ -40,10 +40,11 @@ from .commands import (
     RenewLeases,
     StartRuns,
 )
+from .model import stored_depends_on
 from .planner import stored_next_slot, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .runtable import run_id_of
-from .sections import Delivery, DependsOnCondition
+from .sections import Delivery, DependsOn, DependsOnCondition
 from .store import Store
 
 __all__ = [
@@ -353,31 +354,21 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     return new
 
 
-_CONDITIONS = {c.value: c for c in DependsOnCondition}
-
-
-def _depends_on(state: Store, name: str) -> tuple[str, DependsOnCondition] | None:
-    """``name``'s ``depends_on`` (upstream, condition), read from its stored document, which
-    holds it as ``DependsOn.to_doc`` writes it: the job is parsed whole only for a form that
-    is not that one. (After a restore nothing is parsed, and the first finished run of each
-    upstream parsed every one of its dependents.)"""
+def _depends_on(state: Store, name: str) -> DependsOn | None:
+    """``name``'s ``depends_on``, read from its stored document alone: after a restore nothing
+    is parsed, and the first finished run of each upstream parsed every one of its dependents
+    whole."""
     rec = state.jobs.get(name)
-    dep = rec["spec"].get("depends_on") if rec is not None else None
-    if type(dep) is dict and type(upstream := dep.get("job")) is str and type(on := dep.get("on")) is str \
-            and on in _CONDITIONS and len(dep) == 2:
-        return upstream, _CONDITIONS[on]
-    job = state.job(name)
-    return None if job is None or job.depends_on is None else (job.depends_on.job, job.depends_on.on)
+    return None if rec is None else stored_depends_on(rec["spec"], name)
 
 
 def _trigger_dependents(state: Store, run: RunRecord) -> None:
     ok = run["status"] == "succeeded"
     for name in state.dependents_of(run["job"]):
         dep = _depends_on(state, name)
-        if dep is None or dep[0] != run["job"]:
+        if dep is None or dep.job != run["job"]:
             continue
-        on = dep[1]
-        if on is DependsOnCondition.ANY or (on is DependsOnCondition.SUCCESS) == ok:
+        if dep.on is DependsOnCondition.ANY or (dep.on is DependsOnCondition.SUCCESS) == ok:
             state.pending_deps[f"{name}|{run['id']}"] = {"job": name, "upstream": run["id"], "slot_us": run["slot_us"]}
 
 

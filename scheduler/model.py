@@ -84,6 +84,7 @@ __all__ = [
     "Target",
     "parse_job",
     "parse_policy",
+    "stored_depends_on",
     "stored_policy",
 ]
 
@@ -215,8 +216,8 @@ class Policy(NamedTuple):
     """What the run ledger and the alert rules read of a job: how many records it keeps, its
     retries, its delivery and its alerts. A replica replaying its journal after a restart
     finishes and trims runs of tens of thousands of jobs; reading these four from the stored
-    document takes about a third of the time of parsing it whole (the schedule, the executor, the labels), and parsing each job at
-    its first run was 30 % of such a replay (measured: a round of 30,000 runs took 3.6 s after a
+    document takes about a third of the time of parsing it whole (the schedule, the executor,
+    the labels), and parsing each job at its first run was 30 % of such a replay (measured: a round of 30,000 runs took 3.6 s after a
     restore against 2.3 s on a warm state)."""
 
     keep: int
@@ -258,6 +259,19 @@ def parse_policy(doc: object) -> Policy:
     return _kept(policy)
 
 
+def stored_depends_on(doc: dict[str, Any], name: str) -> DependsOn | None:
+    """The ``depends_on`` of job ``name``'s stored document, read by ``parse_depends_on``
+    alone (the rest of the document is not parsed); a document it finds a problem in is
+    parsed whole, which refuses it as it always did."""
+    problems = Problems()
+    f = Fields.open(doc, "", _JOB_FIELDS, problems)
+    if f is not None:
+        dep = parse_depends_on(f, name)
+        if not problems:
+            return dep
+    return parse_job(doc).depends_on
+
+
 _JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 _STORED: dict[tuple[int, int, str, int], tuple[object, object, object, Policy]] = {}
 _STORED_MAX = 4096
@@ -268,14 +282,13 @@ def stored_policy(doc: dict[str, Any]) -> Policy:
 
     Such documents share their sections: a live state's through ``_section_doc``, a restored
     state's through the snapshot's table of sections. So the policy is looked up by the
-    identity of the four sections it reads (``history``, ``retries``, ``alerts``) and the
+    identity of the three sections it reads (``history``, ``retries``, ``alerts``) and the
     value of ``delivery``, and parsed only for a combination not met before. A replica that
     replays its journal after a restore meets every job for the first time; parsing each
     one's policy was ~12 % of that replay in-process (30,000 jobs). A document with a field
     parsing does not know is parsed (and refused) as ``parse_policy`` refuses it, whatever the
-    cache holds, so every replica answers it alike. The entry holds the
-    sections, so their ids cannot be reused while it stands; at most ``_STORED_MAX`` are
-    kept, then it starts again."""
+    cache holds, so every replica answers it alike. The entry holds the sections, so their ids
+    cannot be reused while it stands; at most ``_STORED_MAX`` are kept, then it starts again."""
     history, retries, delivery, alerts = doc.get("history"), doc.get("retries"), doc.get("delivery"), doc.get("alerts")
     if type(delivery) is not str or not doc.keys() <= _JOB_FIELD_SET:
         return parse_policy(doc)  # refuses a field it does not know, as it always would

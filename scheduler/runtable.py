@@ -675,8 +675,8 @@ class Captured:
             if None in owners:
                 tokens = array("q", (t for t, j in zip(tokens, owners, strict=True) if j is not None))
                 owners = [j for j in owners if j is not None]
-            self._held_index = (tokens, owners)  # type: ignore[assignment]
-        return self._held_index  # type: ignore[return-value]
+            self._held_index = (tokens, cast(list[str], owners))
+        return self._held_index
 
     @property
     def _tokens(self) -> array[int]:

@@ -13,28 +13,11 @@ from __future__ import annotations
 import tracemalloc
 from typing import Any
 
-from raftlog.fsm import ApplyContext
-from scheduler.commands import (
-    Claim,
-    ClaimSlots,
-    FinishRuns,
-    JobPlanning,
-    PauseJob,
-    PutJobs,
-    RegisterNode,
-    StartRuns,
-    encode_command,
-)
+from scheduler.commands import Claim, ClaimSlots, FinishRuns, JobPlanning, PauseJob, PutJobs, RegisterNode, StartRuns
 from scheduler.state import State
+from tests.unit.test_policy import MIN, T0, _apply
 
-T0 = 1_800_000_000_000_000
-MIN = 60_000_000
 JOBS = 2_000
-
-
-def _apply(state: State, cmd: Any, index: list[int]) -> Any:
-    index[0] += 1
-    return state.apply(encode_command(cmd), ApplyContext(index=index[0])).result
 
 
 def _doc(i: int, schedule: str) -> dict[str, Any]:
