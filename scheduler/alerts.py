@@ -34,8 +34,9 @@ webhook or else the agent's: the leader cannot plan the job, so none of its slot
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
+from typing import Any, Literal
 
+from .model import Policy
 from .runs import RunRecord, RunStatus
 from .sections import AlertEvent
 from .store import Store
@@ -96,17 +97,23 @@ def _trim(state: Store) -> None:
         del state.alerts[aid]
 
 
-def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int) -> dict[str, Any]:
-    """After a finish changed ``run``; returns the job record's alert fields updated."""
-    policy = state.policy(run["job"])
+def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int,
+                policy: Policy | None | Literal[False] = False) -> dict[str, Any]:
+    """After a finish changed ``run``; returns the job record's alert fields updated. ``rec`` is
+    a copy the caller made of the job's record (returned as it is when no alert field changes);
+    ``policy``: the job's (``Store.policy``) when the caller has read it."""
+    if policy is False:
+        policy = state.policy(run["job"])
     if policy is None:
         return rec
     alerted = bool(rec.get("failure_alerted"))
     if run["status"] == "succeeded":
         if alerted:
             raise_alert(state, AlertEvent.RECOVERY, run, run["job"], at_us)
-        if _wants(state, run["job"], AlertEvent.DURATION):  # it reads the job's history: only when asked for
+        if AlertEvent.DURATION in policy.alerts.on:  # it reads the job's history: only when asked for
             _duration_check(state, run, at_us)
+        if rec.get("failure_alerted") is False:
+            return rec  # a copy the caller made: the same keys, in the same order, as another would have
         return {**rec, "failure_alerted": False}
     if rec["consecutive_failures"] == policy.alerts.after_failures and not alerted:
         raise_alert(state, AlertEvent.FAILURE, run, run["job"], at_us, consecutive_failures=rec["consecutive_failures"])

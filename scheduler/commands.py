@@ -130,7 +130,7 @@ class Claim:
         # On the wire the two still travel as the one ``cause`` field of before the split, so a
         # node of the previous release reads this build's claims (and decides them the same)
         # during a rolling upgrade; ``decode_command`` splits it again by the trigger.
-        wire = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SPLIT_CAUSE}
+        wire = {name: getattr(self, name) for name in _claim_wire_names()}
         kept, dropped = ("upstream", "request_key") if self.trigger == "dependency" else ("request_key", "upstream")
         if getattr(self, dropped) is not None:
             raise ValueError(f"a {self.trigger} claim carries no {dropped}")
@@ -139,6 +139,12 @@ class Claim:
 
 
 _SPLIT_CAUSE = frozenset({"upstream", "request_key"})
+
+
+@functools.cache
+def _claim_wire_names() -> tuple[str, ...]:
+    """Claim's fields that travel under their own names, in order (all but the two in ``cause``)."""
+    return tuple(f.name for f in fields(Claim) if f.name not in _SPLIT_CAUSE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,11 +357,15 @@ def decode_command(raw: bytes) -> Command:
             value = _decompress_specs(env.tag, value)
         if name == "claims":
             try:
-                value = tuple(Claim(**(_claim_args(c) if "cause" in c else c)) for c in value)
+                wire = [_claim_args(c) if "cause" in c else c for c in value]
+                value = tuple(Claim(**c) for c in wire)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
             claim_fields = _wire_fields(Claim)
-            for c in value:
+            exact = _claim_exact()
+            for args, c in zip(wire, value, strict=True):
+                if all(type(v) in exact.get(k, ()) for k, v in args.items()):
+                    continue  # each value of a type its field's check passes; the rest are defaults
                 for cname, cannotation, _, ccheck in claim_fields:
                     if not ccheck(getattr(c, cname)):
                         raise CodecError(f"command {env.tag!r} has a malformed claim: {cname!r} must be {cannotation}")
@@ -452,6 +462,29 @@ _JUST_STR = frozenset({str})  # msgpack gives map keys as exact str
 
 
 @functools.cache
+def _exact(annotation: str) -> frozenset[type]:
+    """The types whose every value passes ``_checker(annotation)`` (what msgpack gives, exactly:
+    ``type(v) in _exact(a)`` implies ``_checker(a)(v)``); empty where there is no such set."""
+    if " | " in annotation:
+        parts = [_exact(a) for a in annotation.split(" | ")]
+        return frozenset().union(*parts) if all(parts) else frozenset()
+    return _EXACT.get(annotation, frozenset())
+
+
+_EXACT: dict[str, frozenset[type]] = {
+    "int": frozenset({int}), "str": frozenset({str}), "None": frozenset({type(None)}), "bool": frozenset({bool}),
+    **{n: frozenset({str}) for n in _UNCHECKED_NAMES},
+}
+
+
+@functools.cache
+def _claim_exact() -> dict[str, frozenset[type]]:
+    """Per wire key of a claim, the types that pass its field's check (``_exact``): a claim whose
+    every key and value fits is not checked field by field. A key Claim does not have has none."""
+    return {n: _exact(a) for n, a, _, _ in _wire_fields(Claim)}
+
+
+@functools.cache
 def _checker(annotation: str) -> _Check:
     """Whether a value (as msgpack gives it: lists for tuples) fits one annotation text; built
     once per text (decoding runs on every replica for every entry)."""
@@ -476,13 +509,19 @@ def _checker(annotation: str) -> _Check:
         return lambda v: isinstance(v, str)
     if annotation == "bool":
         return lambda v: isinstance(v, bool)
+    # Items whose types are all exact (``_exact``) pass without a call per item; any other is
+    # checked one by one, with the same answer as before.
     if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
-        item = _checker(annotation[len("tuple["):-len(", ...]")])
-        return lambda v: isinstance(v, (list, tuple)) and all(item(x) for x in v)
+        item_text = annotation[len("tuple["):-len(", ...]")]
+        item, exact = _checker(item_text), _exact(item_text)
+        return lambda v: isinstance(v, (list, tuple)) and ({*map(type, v)} <= exact or all(item(x) for x in v))
     if annotation.startswith("dict[") and annotation.endswith("]"):
         key_text, _, item_text = annotation[len("dict["):-1].partition(", ")
         key, item = _checker(key_text), _checker(item_text)
         if key_text == "str" and item_text == "Any":  # a job document: only its keys are checked here
             return lambda v: isinstance(v, dict) and {*map(type, v)} <= _JUST_STR
-        return lambda v: isinstance(v, dict) and all(key(k) and item(x) for k, x in v.items())
+        key_exact, item_exact = _exact(key_text), _exact(item_text)
+        return lambda v: isinstance(v, dict) and (
+            ({*map(type, v)} <= key_exact and {*map(type, v.values())} <= item_exact)
+            or all(key(k) and item(x) for k, x in v.items()))
     raise TypeError(f"no wire check for annotation {annotation!r}")  # a new field type: extend _checker

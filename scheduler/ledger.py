@@ -40,7 +40,7 @@ from .commands import (
     RenewLeases,
     StartRuns,
 )
-from .model import stored_depends_on
+from .model import Policy, stored_depends_on
 from .planner import stored_next_slot, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .runtable import run_id_of
@@ -215,7 +215,11 @@ def _cause_of(c: Claim) -> str | None:
 
 def _record(state: Store, run: RunRecord, c: Claim) -> None:
     rid, job = run["id"], run["job"]
-    state.runs[rid] = run  # listed under its job, in token order
+    drop = None if c.retry_of else _dropped_by(state, job, run)
+    # Listed under its job, in token order; the history it pushes out goes in the same step.
+    trimmed = drop is not None and state.runs.append(rid, run, drop)
+    if not trimmed:
+        state.runs[rid] = run
     rec = state.jobs[job]
     if c.trigger in SCHEDULED:
         # max: a fan-out listed out of order ([s1, s2, s1]) must not move the job back to s1.
@@ -235,7 +239,27 @@ def _record(state: Store, run: RunRecord, c: Claim) -> None:
     elif run["status"] == "missed":
         rec = {**rec, "missed_total": rec["missed_total"] + 1}  # summaries add their count
     state.put_record(job, rec)
-    trim(state, job)
+    if not trimmed:
+        trim(state, job)
+
+
+def _dropped_by(state: Store, job: str, run: RunRecord) -> list[int] | None:
+    """The tokens ``trim`` removes once the new record ``run`` is added (and, claimed, made an
+    attempt in flight), read before it is: the oldest records beyond the job's ``history.keep``,
+    attempts in flight and dead letters passed over. None when the new record would be one of
+    them (``_record`` then adds it and trims as two steps)."""
+    excess = state.runs.count_of(job) + 1 - _keep(state.policy(job))
+    doomed: list[int] = []
+    if excess <= 0:
+        return doomed
+    active, dead = state.active, state.dead
+    for token in state.runs.tokens_of(job):
+        rid = run_id_of(token)
+        if rid not in active and rid not in dead:
+            doomed.append(token)
+            if len(doomed) == excess:
+                return doomed
+    return doomed if run["status"] == "claimed" else None
 
 
 def _summarise(state: Store, s: dict[str, Any], at_us: int) -> None:
@@ -263,9 +287,10 @@ def start(state: Store, cmd: StartRuns) -> dict[str, Any]:
         if run is None or run["status"] != "claimed" or run["node"] != cmd.node:
             stale.append(rid)
             continue
-        state.runs[rid] = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
-                           "lease_us": cmd.lease_until_us}
-        alerts.on_started(state, state.runs[rid], cmd.at_us)
+        new: RunRecord = {**run, "status": "running", "started_us": cmd.started_us.get(rid, cmd.at_us),
+                          "lease_us": cmd.lease_until_us}
+        state.runs[rid] = new
+        alerts.on_started(state, new, cmd.at_us)
         started.append(rid)
     return {"started": started, "stale": stale, "already": already}
 
@@ -346,11 +371,11 @@ def _finish_one(state: Store, run: RunRecord, r: dict[str, Any], at_us: int) -> 
     if new["status"] != "retrying":
         state.active.pop(run["id"], None)
         _trigger_dependents(state, new)
-    rec = alerts.on_finished(state, new, {**rec, "consecutive_failures": failures}, at_us)
+    rec = alerts.on_finished(state, new, {**rec, "consecutive_failures": failures}, at_us, policy)
     if new["status"] == "dead":
         alerts.on_dead(state, new, at_us)
     state.put_record(run["job"], rec)
-    trim(state, run["job"])  # an attempt that ended no longer holds history open
+    trim(state, run["job"], _keep(policy))  # an attempt that ended no longer holds history open
     return new
 
 
@@ -502,10 +527,11 @@ def _ended_us(run: RunRecord) -> int:
     return finished if finished is not None else run["claimed_us"]
 
 
-def trim(state: Store, job_name: str) -> None:
-    """Principle 7: history per job is bounded; live attempts and dead letters are kept."""
-    policy = state.policy(job_name)
-    keep = policy.keep if policy is not None else 100
+def trim(state: Store, job_name: str, keep: int | None = None) -> None:
+    """Principle 7: history per job is bounded; live attempts and dead letters are kept.
+    ``keep``: the job's ``history.keep`` when the caller has read it (``_keep``)."""
+    if keep is None:
+        keep = _keep(state.policy(job_name))
     excess = state.runs.count_of(job_name) - keep
     if excess <= 0:
         return
@@ -518,6 +544,11 @@ def trim(state: Store, job_name: str) -> None:
         if rid not in state.active and rid not in state.dead:
             doomed.append(token)
     state.runs.remove(job_name, doomed)
+
+
+def _keep(policy: Policy | None) -> int:
+    """How many records a job keeps (``history.keep``; 100 for a job that is gone)."""
+    return policy.keep if policy is not None else 100
 
 
 def _cap(text: str) -> str:

@@ -243,6 +243,29 @@ def _record(job: str, blob: bytes, token: int, live: dict[str, RunRecord]) -> Ru
     return unpack(job, token, blob[start:end])
 
 
+def _without(n: int, tokens: memoryview, lens: memoryview, raw: memoryview,
+             at: list[int]) -> tuple[list[memoryview], list[memoryview], list[memoryview], list[tuple[int, str | None]]]:
+    """A job's value (``_open``) less its records at positions ``at`` (ascending): the slices of
+    tokens, lengths and data kept, and each record left out as (token, status when packed, else
+    None)."""
+    lens_at = _HEAD + 8 * n
+    keep_tokens, keep_lens, keep_data = [], [], []
+    dropped: list[tuple[int, str | None]] = []
+    prev, pos = 0, _data_at(n)
+    for i in [*at, n]:
+        # Records prev..i-1 are kept whole: three slices; record i goes.
+        span = sum(lens[prev:i])
+        keep_tokens.append(raw[_HEAD + 8 * prev:_HEAD + 8 * i])
+        keep_lens.append(raw[lens_at + 4 * prev:lens_at + 4 * i])
+        keep_data.append(raw[pos:pos + span])
+        pos += span
+        if i < n:
+            dropped.append((tokens[i], RUN_STATUSES[raw[pos]] if lens[i] else None))
+            pos += lens[i]
+        prev = i + 1
+    return keep_tokens, keep_lens, keep_data, dropped
+
+
 def _crc(job: str, raw: bytes, values: list[Any]) -> int:
     """CRC-32 of a job's name, tokens and values as a version-3 snapshot lists them (a record
     kept as a dict, by its msgpack form: one node packs it, another unpacks and packs it again)."""
@@ -411,6 +434,14 @@ class RunTable:
         # own copy of the name (58 bytes a record at 100,000 jobs, a third of what one costs).
         job = sys.intern(run["job"])
         packed = pack(run)
+        if packed is None and (old_live := self._live.get(rid)) is not None and old_live["job"] == job \
+                and self._index.owner(token) == job:
+            # A dict for a dict (a start, a lease renewed): the job's value names the record as
+            # kept in ``_live`` already (its token is indexed under the job) and stays as it is.
+            self._live[rid] = run
+            self._count(old_live["status"], -1)
+            self._count(run["status"], 1)
+            return
         data = b"" if packed is None else packed
         blob = self._jobs.get(job, _EMPTY)
         n, tokens, lens, raw = _open(blob)
@@ -442,6 +473,38 @@ class RunTable:
             self._count(was, -1)
         self._count(run["status"], 1)
 
+    def append(self, rid: str, run: RunRecord, drop: list[int]) -> bool:
+        """``self[rid] = run`` for a new record above every token its job holds, and the job's
+        records ``drop`` (tokens it holds, ascending, each once) removed, in one making of the
+        job's value instead of two: a claim that trims its job's history. False, having changed
+        nothing, when the record is not of that kind; the caller then does the two steps."""
+        token = run["token"]
+        if type(token) is not int or rid != run_id_of(token) or run["id"] != rid:
+            return False
+        job = sys.intern(run["job"])
+        blob = self._jobs.get(job, _EMPTY)
+        n, tokens, lens, raw = _open(blob)
+        if (n and tokens[n - 1] >= token) or self._index.owner(token) is not None:
+            return False
+        at: list[int] = []
+        for t in drop:
+            i = bisect.bisect_left(tokens, t)
+            if i == n or tokens[i] != t or (at and i <= at[-1]):
+                return False
+            at.append(i)
+        packed = pack(run)
+        data = b"" if packed is None else packed
+        if packed is None:
+            self._live[rid] = run  # first: the job's value names it as kept here
+        self._insert(token, job)
+        keep_tokens, keep_lens, keep_data, dropped = _without(n, tokens, lens, raw, at)
+        self._jobs[job] = _made(n + 1 - len(at), (*keep_tokens, token.to_bytes(8, _ORDER, signed=True),
+                                                   *keep_lens, len(data).to_bytes(4, _ORDER), *keep_data, data))
+        self._len += 1
+        self._count(run["status"], 1)
+        self._dropped(dropped)
+        return True
+
     def discard(self, rid: str) -> bool:
         """Remove the record ``rid`` if it is held; whether it was."""
         token = token_of_id(rid)
@@ -460,21 +523,7 @@ class RunTable:
         at = sorted(i for t in gone if (i := bisect.bisect_left(tokens, t)) < n and tokens[i] == t)
         if not at:
             return 0
-        lens_at = _HEAD + 8 * n
-        dropped: list[tuple[int, str | None]] = []
-        keep_tokens, keep_lens, keep_data = [], [], []
-        prev, pos = 0, _data_at(n)
-        for i in [*at, n]:
-            # Records prev..i-1 are kept whole: three slices; record i goes.
-            span = sum(lens[prev:i])
-            keep_tokens.append(raw[_HEAD + 8 * prev:_HEAD + 8 * i])
-            keep_lens.append(raw[lens_at + 4 * prev:lens_at + 4 * i])
-            keep_data.append(raw[pos:pos + span])
-            pos += span
-            if i < n:
-                dropped.append((tokens[i], RUN_STATUSES[raw[pos]] if lens[i] else None))
-                pos += lens[i]
-            prev = i + 1
+        keep_tokens, keep_lens, keep_data, dropped = _without(n, tokens, lens, raw, at)
         self._jobs[job] = _made(n - len(at), (*keep_tokens, *keep_lens, *keep_data))
         self._dropped(dropped)
         return len(dropped)
