@@ -8,12 +8,14 @@ Each form is measured in a process of its own, so its RSS is its own:
 
 - RSS with the jobs alone, then with the records, and the bytes per record (their difference
   over the count);
-- seconds to apply one round (one record per job: claim, start, finish);
+- seconds to apply one round (one record per job: claim, start, finish) while the records fill
+  (``round_s``, the median), and one round once every job holds ``--keep`` (``round_full_s``:
+  each claim also drops its job's oldest record, as in an agent whose history is full);
 - the snapshot: bytes, seconds to pack it, and milliseconds to capture it (``snapshot_capture_ms``,
   median of 3: what the raft thread does before a thread of its own packs, holding the GIL);
 - a restore into a fresh process: seconds, and the RSS after it; then one more round applied to
   the restored state (``round_after_restore_s``: what replaying a journal after a restart costs,
-  against ``round_s`` on the state that applied everything);
+  against ``round_full_s`` on the state that applied everything);
 - reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
 
 ``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
@@ -80,7 +82,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         rss_restored = rss_mb()
         # What a replica replays of its journal after the restore: the next round, on a cold state.
         index = s.applied_index
-        replay = _round(apply, sorted(s.jobs), keep + 1)
+        replay = _round(apply, sorted(s.jobs), keep + 2)
         return {"restore_s": took, "rss_restored_mb": rss_restored, "rss_before_restore_mb": before,
                 "records": len(s.runs), "round_after_restore_s": replay}
 
@@ -97,6 +99,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
     records = len(s.runs)
     gc.collect()
     rss_runs = rss_mb()
+    round_full = _round(apply, names, keep + 1)  # the history full: every claim trims
     reads: list[float] = []
     for n in names[:: max(1, jobs // 200)]:
         t0 = time.perf_counter()
@@ -118,7 +121,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
     return {
         "records": records, "rss_jobs_mb": rss_jobs, "rss_runs_mb": rss_runs,
         "bytes_per_record": (rss_runs - rss_jobs) * 1024 * 1024 / max(records, 1),
-        "round_s": statistics.median(round_s), "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
+        "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
     }
