@@ -69,6 +69,8 @@ def machine() -> dict[str, Any]:
         "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "load_at_start": load(), "busy_processes_at_start": _busy_processes(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # The memory allocators' settings the agents inherit (they change RSS, bench/README).
+        "allocator_env": {k: v for k, v in os.environ.items() if k == "PYTHONMALLOC" or k.startswith("MALLOC_")},
     }
 
 
