@@ -357,8 +357,12 @@ def decode_command(raw: bytes) -> Command:
             value = _decompress_specs(env.tag, value)
         if name == "claims":
             try:
-                wire = [_claim_args(c) if "cause" in c else c for c in value]
-                value = tuple(Claim(**c) for c in wire)
+                wire, made = [], []
+                for c in value:  # one claim at a time: the first malformed one is the one named
+                    args = _claim_args(c) if "cause" in c else c
+                    made.append(Claim(**args))
+                    wire.append(args)
+                value = tuple(made)
             except TypeError as exc:
                 raise CodecError(f"command {env.tag!r} has a malformed claim: {exc}") from exc
             claim_fields = _wire_fields(Claim)

@@ -247,8 +247,13 @@ def _dropped_by(state: Store, job: str, run: RunRecord) -> list[int] | None:
     """The tokens ``trim`` removes once the new record ``run`` is added (and, claimed, made an
     attempt in flight), read before it is: the oldest records beyond the job's ``history.keep``,
     attempts in flight and dead letters passed over. None when the new record would be one of
-    them (``_record`` then adds it and trims as two steps)."""
-    excess = state.runs.count_of(job) + 1 - _keep(state.policy(job))
+    them, or the job's policy cannot be read (``_record`` then adds it and trims as two steps,
+    raising where it always did)."""
+    try:
+        keep = _keep(state.policy(job))
+    except Exception:  # noqa: BLE001 - a document its policy cannot be read from: trim raises, after the record
+        return None
+    excess = state.runs.count_of(job) + 1 - keep
     doomed: list[int] = []
     if excess <= 0:
         return doomed

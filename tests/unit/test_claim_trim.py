@@ -155,3 +155,20 @@ def test_append_refuses_what_is_not_a_new_newest_record_and_changes_nothing() ->
     assert (table.items(), table.status_counts(), dict(table._jobs), len(table)) == before
     assert table.append(newer["id"], newer, [1 << 16])
     assert table.ids_of("ping") == [record((1 << 16) + 5)["id"], newer["id"]]
+
+
+def test_a_policy_that_cannot_be_read_fails_the_claim_where_it_always_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A document whose policy cannot be read (one a newer release stored, say) failed the claim
+    # in trim, after its record was added; the release before does that, so this one must too.
+    entries = _stream(0, steps=0)
+    state = _replayed(entries)
+
+    def unreadable(self: Any, name: str) -> Any:
+        raise ValueError("history: a field this release does not know")
+
+    monkeypatch.setattr(type(state), "policy", unreadable)
+    claim = ClaimSlots(at_us=T0 + SEC, leader="n1", term=1,
+                       claims=(Claim(job="j0", slot_us=T0 + 5 * SEC, trigger="schedule", node="n1"),))
+    out = state.apply(encode_command(claim), ApplyContext(index=len(entries) + 1))
+    assert getattr(out, "code", None) == "internal" and "a field this release does not know" in out.message
+    assert state.runs.count_of("j0") == 1 and state.jobs["j0"]["last_slot_us"] == T0 + 5 * SEC

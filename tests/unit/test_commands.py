@@ -223,6 +223,15 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("specs not msgpack", encode("put_jobs", {"at_us": 1, "specs": zlib.compress(b"\xc1")}), "not valid msgpack"),
     ("claims not a list", encode("claim_slots", {"at_us": 1, "leader": "n", "term": 1, "claims": 7}),
      "malformed claim"),
+    # Claims are read one at a time: the first malformed claim is the one the message names.
+    ("first claim short, second not a map", encode("claim_slots", {"at_us": 1, "leader": "n", "term": 1,
+                                                                   "claims": [{"job": "a"}, 5]}),
+     "missing 2 required keyword-only arguments"),
+    ("first claim unknown field, second cause twice", encode("claim_slots", {
+        "at_us": 1, "leader": "n", "term": 1,
+        "claims": [{"job": "a", "slot_us": 1, "trigger": "schedule", "bogus": 1},
+                   {"job": "a", "slot_us": 2, "trigger": "manual", "cause": "k", "request_key": "k"}]}),
+     "unexpected keyword argument 'bogus'"),
 ]
 
 
