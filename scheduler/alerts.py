@@ -34,7 +34,7 @@ webhook or else the agent's: the leader cannot plan the job, so none of its slot
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Literal
+from typing import Any
 
 from .model import Policy
 from .runs import RunRecord, RunStatus
@@ -97,13 +97,10 @@ def _trim(state: Store) -> None:
         del state.alerts[aid]
 
 
-def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int,
-                policy: Policy | None | Literal[False] = False) -> dict[str, Any]:
+def on_finished(state: Store, run: RunRecord, rec: dict[str, Any], at_us: int, policy: Policy | None) -> dict[str, Any]:
     """After a finish changed ``run``; returns the job record's alert fields updated. ``rec`` is
     a copy the caller made of the job's record (returned as it is when no alert field changes);
-    ``policy``: the job's (``Store.policy``) when the caller has read it."""
-    if policy is False:
-        policy = state.policy(run["job"])
+    ``policy``: the job's (``Store.policy``)."""
     if policy is None:
         return rec
     alerted = bool(rec.get("failure_alerted"))

@@ -254,17 +254,11 @@ def _dropped_by(state: Store, job: str, run: RunRecord) -> list[int] | None:
     except Exception:  # noqa: BLE001 - a document its policy cannot be read from: trim raises, after the record
         return None
     excess = state.runs.count_of(job) + 1 - keep
-    doomed: list[int] = []
     if excess <= 0:
-        return doomed
-    active, dead = state.active, state.dead
-    for token in state.runs.tokens_of(job):
-        rid = run_id_of(token)
-        if rid not in active and rid not in dead:
-            doomed.append(token)
-            if len(doomed) == excess:
-                return doomed
-    return doomed if run["status"] == "claimed" else None
+        return []
+    doomed = _oldest_ended(state, job, excess)
+    # Short of the excess, the walk would reach the new record: passed over if claimed (in flight).
+    return doomed if len(doomed) == excess or run["status"] == "claimed" else None
 
 
 def _summarise(state: Store, s: dict[str, Any], at_us: int) -> None:
@@ -444,7 +438,7 @@ def _final_loss(state: Store, run: RunRecord, at_us: int) -> None:
     if rec is None:
         return
     rec = {**rec, "consecutive_failures": rec["consecutive_failures"] + 1}
-    state.put_record(run["job"], alerts.on_finished(state, run, rec, at_us))
+    state.put_record(run["job"], alerts.on_finished(state, run, rec, at_us, state.policy(run["job"])))
     if run["status"] == "dead":
         alerts.on_dead(state, run, at_us)
     _trigger_dependents(state, run)
@@ -538,17 +532,22 @@ def trim(state: Store, job_name: str, keep: int | None = None) -> None:
     if keep is None:
         keep = _keep(state.policy(job_name))
     excess = state.runs.count_of(job_name) - keep
-    if excess <= 0:
-        return
-    # Oldest first; live attempts and dead letters are passed over; removed in one step.
+    if excess > 0:
+        state.runs.remove(job_name, _oldest_ended(state, job_name, excess))  # in one step
+
+
+def _oldest_ended(state: Store, job: str, most: int) -> list[int]:
+    """Up to ``most`` of the job's tokens, oldest first, live attempts and dead letters passed over:
+    what ``trim`` removes."""
     doomed: list[int] = []
-    for token in state.runs.tokens_of(job_name):
-        if len(doomed) >= excess:
+    active, dead = state.active, state.dead
+    for token in state.runs.tokens_of(job):
+        if len(doomed) >= most:
             break
         rid = run_id_of(token)
-        if rid not in state.active and rid not in state.dead:
+        if rid not in active and rid not in dead:
             doomed.append(token)
-    state.runs.remove(job_name, doomed)
+    return doomed
 
 
 def _keep(policy: Policy | None) -> int:
