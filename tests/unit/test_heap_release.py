@@ -76,3 +76,81 @@ def test_a_restore_releases_the_pages_its_buffers_held(tmp_path: Path, monkeypat
     calls = _counted(monkeypatch)
     node._deserialize(str(path))
     assert calls == [0]
+
+
+# A process of its own: glibc's mmap threshold is the process's, and rises for good.
+_THRESHOLD_PROBE = """
+import ctypes, sys
+from raftlog import heap
+
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+held = heap.hold_mmap_threshold() if sys.argv[1] == "held" else None
+libc.free(libc.malloc(8 << 20))  # mapped (over 128 KiB), then freed: glibc alone lifts its threshold to 8 MiB
+before = libc.mallinfo2().hblks
+block = libc.malloc(1 << 20)
+mapped = libc.mallinfo2().hblks - before
+libc.free(block)
+print(held, mapped)
+"""
+
+
+def _probe(mode: str, **env: str) -> tuple[str, int]:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, mode], cwd=root, env={**run_env, **env},
+                         check=True, capture_output=True, text=True).stdout.split()
+    return out[0], int(out[1])
+
+
+def test_a_large_block_freed_leaves_the_next_ones_mapped_once_the_threshold_is_held() -> None:
+    # glibc's own rule, which the agent stops: after an 8 MiB block was freed, 1 MiB comes from the heap.
+    assert _probe("glibc") == ("None", 0)
+    # Held: it gets pages of its own, which go back to the system when it is freed.
+    assert _probe("held") == ("True", 1)
+
+
+def test_an_operators_own_threshold_stands() -> None:
+    held, mapped = _probe("held", MALLOC_MMAP_THRESHOLD_=str(16 << 20))
+    assert held == "False"
+    assert mapped == 0  # the 16 MiB the operator set: a 1 MiB block stays in the heap
+
+
+def test_the_agent_holds_the_threshold_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import os
+
+    from api import agent
+
+    order: list[str] = []
+    monkeypatch.setattr(agent, "setup_logging", lambda *_: None)
+    monkeypatch.setattr(agent.zoneinfo, "reset_tzpath", lambda **_: None)
+    monkeypatch.setattr(agent, "tune_collector", lambda: order.append("collector"))
+    monkeypatch.setattr(agent, "hold_mmap_threshold", lambda: order.append("threshold") or True)
+    monkeypatch.setattr(agent, "FreezeAfterSlowCollections", lambda: argparse.Namespace(install=lambda: None))
+    monkeypatch.setattr(agent, "undumpable", lambda: None)
+
+    def config(_: argparse.Namespace) -> None:
+        order.append("config")
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(agent, "config_from_args", config)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        assert agent.run_agent(argparse.Namespace(log_format="text", log_level="info")) == 2
+    finally:
+        os.umask(umask)
+    assert order == ["collector", "threshold", "config"]
