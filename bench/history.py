@@ -18,12 +18,20 @@ Each form is measured in a process of its own, so its RSS is its own:
   against ``round_full_s`` on the state that applied everything);
 - reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
 
+Each process sets up its allocator as an agent does (``raftlog.heap.hold_mmap_threshold``, where
+the tree measured has it; ``mmap_threshold_held`` says). ``--snapshots`` also takes snapshots
+while the records fill, as an agent does: once the entries applied since the last weigh
+``RaftNode``'s ``compaction_entries`` and ``compaction_share`` of the records (its defaults), the
+state is captured on the applying thread and packed on a thread of its own while the applies go
+on (``snapshots_taken``); what the packing leaves in the heap shows in the bytes per record.
+
 ``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
 commit checked out with ``git worktree add``), interleaved with this tree's, as the reference.
 
     python -m bench.history                         # 100,000 jobs x 10 records, 2 repetitions
     python -m bench.history --jobs 10000 --repeat 1 # quick
     python -m bench.history --tree /tmp/old         # and an earlier commit, in the same run
+    python -m bench.history --keep 4 --snapshots    # with an agent's snapshots while filling
 
 The JSON goes to bench/results/history.json (``--ab NAME``: also bench/ab/NAME.json).
 """
@@ -37,6 +45,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,19 +64,63 @@ def rss_mb() -> float:
     return 0.0
 
 
-def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
+class _Snapshots:
+    """Snapshots taken as ``RaftNode`` takes them (``_count_weight``), packed on a thread of their own."""
+
+    def __init__(self, state: Any) -> None:
+        import dataclasses
+
+        from raftlog.node import NodeConfig
+
+        defaults = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
+        self.state = state
+        self.entries = int(defaults["compaction_entries"])
+        self.share = float(defaults["compaction_share"])
+        self.weight = 0
+        self.taken = 0
+        self._packer: threading.Thread | None = None
+
+    def applied(self) -> None:
+        self.weight += max(1, int(self.state.entry_weight))
+        if self.weight < self.entries or self.weight < self.state.records() * self.share:
+            return
+        self.join()  # one snapshot at a time, as pysyncobj writes them
+        self.weight = 0
+        self.taken += 1
+        chunks = self.state.snapshot()  # the capture, here; the packing, on the thread
+
+        def pack() -> None:
+            with open(os.devnull, "wb") as sink:
+                for chunk in chunks:
+                    sink.write(chunk)
+
+        self._packer = threading.Thread(target=pack, name="snapshot")
+        self._packer.start()
+
+    def join(self) -> None:
+        if self._packer is not None:
+            self._packer.join()
+            self._packer = None
+
+
+def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
     """One measure in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
+    from raftlog import heap
     from raftlog.fsm import ApplyContext
     from scheduler.commands import PutJobs, RegisterNode, encode_command
     from scheduler.state import State
 
+    held = getattr(heap, "hold_mmap_threshold", lambda: False)()  # as an agent starts (absent from older trees)
     s = State()
     index = 0
+    snaps = _Snapshots(s) if snapshots else None
 
     def apply(cmd: Any) -> Any:
         nonlocal index
         index += 1
         out = s.apply(encode_command(cmd), ApplyContext(index=index))
+        if snaps is not None:
+            snaps.applied()
         return out
 
     if restore_from is not None:
@@ -84,7 +137,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         index = s.applied_index
         replay = _round(apply, sorted(s.jobs), keep + 2)
         return {"restore_s": took, "rss_restored_mb": rss_restored, "rss_before_restore_mb": before,
-                "records": len(s.runs), "round_after_restore_s": replay}
+                "records": len(s.runs), "round_after_restore_s": replay, "mmap_threshold_held_restore": held}
 
     apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
     names = [f"job-{i:07d}" for i in range(jobs)]
@@ -97,6 +150,10 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
     rss_jobs = rss_mb()
     round_s = [_round(apply, names, k) for k in range(1, keep + 1)]
     records = len(s.runs)
+    taken = 0
+    if snaps is not None:
+        snaps.join()
+        taken, snaps = snaps.taken, None  # the rest is measured as before
     gc.collect()
     rss_runs = rss_mb()
     round_full = _round(apply, names, keep + 1)  # the history full: every claim trims
@@ -124,6 +181,7 @@ def child(jobs: int, keep: int, restore_from: str | None) -> dict[str, Any]:
         "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
+        "mmap_threshold_held": held, "snapshots_taken": taken,
     }
 
 
@@ -147,11 +205,11 @@ def _round(apply: Callable[[Any], Any], names: list[str], k: int) -> float:
     return time.perf_counter() - t0
 
 
-def measure(tree: Path, jobs: int, keep: int) -> dict[str, Any]:
+def measure(tree: Path, jobs: int, keep: int, snapshots: bool = False) -> dict[str, Any]:
     # This file run as a script: its own directory first on sys.path, then ``tree``'s packages.
     env = {**os.environ, "PYTHONPATH": str(tree)}
     me = [sys.executable, str(Path(__file__).resolve()), "--child"]
-    out = json.loads(subprocess.run([*me, "build", str(jobs), str(keep)], env=env, check=True,
+    out = json.loads(subprocess.run([*me, "build", str(jobs), str(keep), *(["snapshots"] if snapshots else [])], env=env, check=True,
                                     capture_output=True, text=True, cwd=tree).stdout.splitlines()[-1])
     path = out.pop("snapshot_path")
     try:
@@ -164,7 +222,7 @@ def measure(tree: Path, jobs: int, keep: int) -> dict[str, Any]:
 
 def _child_main(argv: list[str]) -> None:
     if argv[0] == "build":
-        print(json.dumps(child(int(argv[1]), int(argv[2]), None)))
+        print(json.dumps(child(int(argv[1]), int(argv[2]), None, argv[3:4] == ["snapshots"])))
     else:
         print(json.dumps(child(0, int(argv[2]), argv[1])))
 
@@ -175,19 +233,22 @@ def main() -> None:
     p.add_argument("--keep", type=int, default=10, help="records per job (default 10)")
     p.add_argument("--repeat", type=int, default=2, help="repetitions of each form (default 2)")
     p.add_argument("--tree", type=Path, help="also measure this checkout's scheduler package (the reference)")
+    p.add_argument("--snapshots", action="store_true",
+                   help="take snapshots while the records fill, packed on a thread, as an agent does")
     p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
     a = p.parse_args()
     forms = {"this": ROOT} | ({"reference": a.tree.resolve()} if a.tree else {})
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in forms}
     for r in range(a.repeat):
         for name, tree in forms.items():
-            res = measure(tree, a.jobs, a.keep)
+            res = measure(tree, a.jobs, a.keep, a.snapshots)
             runs[name].append(res)
             print(f"[{r + 1}/{a.repeat}] {name}: " + ", ".join(
                 f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items()), flush=True)
     summary = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "commit": head.strip(),
+    result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "snapshots": a.snapshots,
+              "commit": head.strip(),
               "reference_tree": str(a.tree) if a.tree else None, "runs": runs, "median": summary,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print("\nmedians:")
