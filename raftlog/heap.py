@@ -102,21 +102,22 @@ _TRIM = _libc_function("malloc_trim", [ctypes.c_size_t])
 _MALLOPT = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
-MMAP_THRESHOLD = 128 * 1024
+MMAP_THRESHOLD = 1024 * 1024
 """Blocks of this many bytes or more get pages of their own, wherever they are freed.
 
-glibc starts at this value too, but each time a mapped block is freed it raises the threshold
-to that block's size (up to 32 MiB). An agent frees such blocks all the time: a snapshot's packed
-chunks, pysyncobj's pickled batches of entries, a large entry's bytes. After the first of them,
-the later ones are carved from the heap instead, among the small values the raft thread makes
-meanwhile (dicts and values too large for Python's own allocator, such as a job's run records
-at ``keep`` 10, replaced at every claim, start and result), and when they are freed they leave
-holes that stay resident until the next ``malloc_trim``. Measured
-in-process (``scheduler.state.State`` fed 100,000 jobs and 4 records each through its own
-commands, a snapshot packed on a thread of its own at every fifth of growth, as an agent does):
-241 bytes of RSS per record with glibc's rising threshold, 151 with it held here; without the
-snapshots, ~110. Setting it also stops glibc's matching rise of the trim threshold, so free
-memory at the heap's top goes back as it is freed."""
+glibc starts at 128 KiB, but each time a mapped block is freed it raises the threshold to that
+block's size (up to 32 MiB). An agent frees such blocks all the time: a snapshot's packed chunks,
+pysyncobj's pickled batches of entries, a large entry's bytes. After the first of them, the later
+ones are carved from the heap instead, among the values the raft thread makes meanwhile (dicts and
+values too large for Python's own allocator, such as a job's run records at ``keep`` 10, replaced
+at every claim, start and result), and when they are freed they leave holes that stay resident
+until the next ``malloc_trim``. Measured in-process (``scheduler.state.State`` fed 50,000 jobs and
+4 records each through its own commands, a snapshot packed on a thread of its own at every fifth of
+growth, as an agent does; two runs each): 233-234 bytes of RSS per record with glibc's rising
+threshold, 164-173 with it held at 1 MiB, 149 at 128 KiB; the fill took 29-34 s, 31-32 s and
+38-42 s. At 128 KiB every buffer the packing grows is mapped and faulted in afresh, which costs
+more time than the memory it saves over 1 MiB. Setting it also stops glibc's matching rise of the
+trim threshold, so free memory at the heap's top goes back as it is freed."""
 
 
 def release_free_memory() -> bool:
