@@ -65,7 +65,10 @@ def rss_mb() -> float:
 
 
 class _Snapshots:
-    """Snapshots taken as ``RaftNode`` takes them (``_count_weight``), packed on a thread of their own."""
+    """Snapshots taken as ``RaftNode`` takes them (``_count_weight``), packed on a thread of their own.
+
+    As in pysyncobj, a snapshot asked for while the last one is still being packed is taken at
+    the first entry applied after that one is done; the applies never wait for the packing."""
 
     def __init__(self, state: Any) -> None:
         import dataclasses
@@ -78,21 +81,30 @@ class _Snapshots:
         self.share = float(defaults["compaction_share"])
         self.weight = 0
         self.taken = 0
+        self.packed_bytes = 0
+        self._asked = False
         self._packer: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     def applied(self) -> None:
         self.weight += max(1, int(self.state.entry_weight))
-        if self.weight < self.entries or self.weight < self.state.records() * self.share:
+        if self.weight >= self.entries and self.weight >= self.state.records() * self.share:
+            self.weight = 0
+            self._asked = True
+        if not self._asked or (self._packer is not None and self._packer.is_alive()):
             return
-        self.join()  # one snapshot at a time, as pysyncobj writes them
-        self.weight = 0
+        self.join()
+        self._asked = False
         self.taken += 1
         chunks = self.state.snapshot()  # the capture, here; the packing, on the thread
 
         def pack() -> None:
-            with open(os.devnull, "wb") as sink:
-                for chunk in chunks:
-                    sink.write(chunk)
+            try:
+                with open(os.devnull, "wb") as sink:
+                    for chunk in chunks:
+                        self.packed_bytes += sink.write(chunk)
+            except BaseException as exc:  # noqa: BLE001 - handed to join(), which raises it
+                self._failed = exc
 
         self._packer = threading.Thread(target=pack, name="snapshot")
         self._packer.start()
@@ -101,6 +113,8 @@ class _Snapshots:
         if self._packer is not None:
             self._packer.join()
             self._packer = None
+        if self._failed is not None:
+            raise RuntimeError("packing a snapshot failed") from self._failed
 
 
 def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
@@ -150,10 +164,10 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
     rss_jobs = rss_mb()
     round_s = [_round(apply, names, k) for k in range(1, keep + 1)]
     records = len(s.runs)
-    taken = 0
+    taken = packed = 0
     if snaps is not None:
         snaps.join()
-        taken, snaps = snaps.taken, None  # the rest is measured as before
+        taken, packed, snaps = snaps.taken, snaps.packed_bytes, None  # the rest is measured as before
     gc.collect()
     rss_runs = rss_mb()
     round_full = _round(apply, names, keep + 1)  # the history full: every claim trims
@@ -181,7 +195,7 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
-        "mmap_threshold_held": held, "snapshots_taken": taken,
+        "mmap_threshold_held": held, "snapshots_taken": taken, "snapshots_packed_bytes": packed,
     }
 
 
@@ -245,11 +259,16 @@ def main() -> None:
             runs[name].append(res)
             print(f"[{r + 1}/{a.repeat}] {name}: " + ", ".join(
                 f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items()), flush=True)
-    summary = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    summary = {name: {k: all(x[k] for x in rs) if isinstance(rs[0][k], bool) else statistics.median(x[k] for x in rs)
+                      for k in rs[0]} for name, rs in runs.items()}
+
+    def commit_of(tree: Path) -> str:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+
+    head = commit_of(ROOT)
     result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "snapshots": a.snapshots,
-              "commit": head.strip(),
-              "reference_tree": str(a.tree) if a.tree else None, "runs": runs, "median": summary,
+              "commit": head,
+              "reference_tree": str(a.tree) if a.tree else None, "reference_commit": commit_of(a.tree) if a.tree else None, "runs": runs, "median": summary,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print("\nmedians:")
     keys = list(summary["this"])

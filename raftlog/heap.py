@@ -103,7 +103,8 @@ _MALLOPT = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 MMAP_THRESHOLD = 1024 * 1024
-"""Blocks of this many bytes or more get pages of their own, wherever they are freed.
+"""The mmap threshold an agent holds: glibc maps blocks of this size or more (when its free
+lists cannot serve them) with pages of their own, which go back to the system when freed.
 
 glibc starts at 128 KiB, but each time a mapped block is freed it raises the threshold to that
 block's size (up to 32 MiB). An agent frees such blocks all the time: a snapshot's packed chunks,
@@ -111,13 +112,13 @@ pysyncobj's pickled batches of entries, a large entry's bytes. After the first o
 ones are carved from the heap instead, among the values the raft thread makes meanwhile (dicts and
 values too large for Python's own allocator, such as a job's run records at ``keep`` 10, replaced
 at every claim, start and result), and when they are freed they leave holes that stay resident
-until the next ``malloc_trim``. Measured in-process (``scheduler.state.State`` fed 50,000 jobs and
-4 records each through its own commands, a snapshot packed on a thread of its own at every fifth of
-growth, as an agent does; two runs each): 233-234 bytes of RSS per record with glibc's rising
-threshold, 164-173 with it held at 1 MiB, 149 at 128 KiB; the fill took 29-34 s, 31-32 s and
-38-42 s. At 128 KiB every buffer the packing grows is mapped and faulted in afresh, which costs
-more time than the memory it saves over 1 MiB. Setting it also stops glibc's matching rise of the
-trim threshold, so free memory at the heap's top goes back as it is freed."""
+until the next ``malloc_trim``. In-process, 100,000 jobs x 4 records filled with snapshots packed
+on a thread as an agent takes them (``bench.history --snapshots``), the threshold held took the
+RSS per record from 147-182 to 110-115 bytes. At 128 KiB every buffer the packing grows was mapped
+and faulted in afresh, which cost more time than it saved memory over 1 MiB (bench/README, item
+73). By the time an agent holds it, its imports have already raised the threshold; holding it
+sets it back to this value and keeps it there. glibc's trim threshold, which rose with it, is
+left as it is."""
 
 
 def release_free_memory() -> bool:
@@ -141,8 +142,10 @@ def release_free_memory() -> bool:
 def hold_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     """Keep glibc's mmap threshold at ``threshold`` bytes (see ``MMAP_THRESHOLD``): an agent
     calls this once, at start. False where the C library has no ``mallopt`` or refused, and
-    where the environment sets ``MALLOC_MMAP_THRESHOLD_``: an operator's own tuning stands."""
-    if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    where the environment sets the threshold (``MALLOC_MMAP_THRESHOLD_``, or
+    ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``): an operator's own tuning stands."""
+    if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ \
+            or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     return _MALLOPT(_M_MMAP_THRESHOLD, threshold) == 1
 

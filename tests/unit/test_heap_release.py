@@ -103,18 +103,28 @@ print(held, mapped)
 """
 
 
+def _has_mallinfo2() -> bool:
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc 2.33 and later
+
+
+needs_mallinfo2 = pytest.mark.skipif(not _has_mallinfo2(), reason="glibc older than 2.33: no mallinfo2 to count mappings")
+
+
 def _probe(mode: str, **env: str) -> tuple[str, int]:
     import os
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    run_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, mode], cwd=root, env={**run_env, **env},
                          check=True, capture_output=True, text=True).stdout.split()
     return out[0], int(out[1])
 
 
+@needs_mallinfo2
 def test_a_large_block_freed_leaves_the_next_ones_mapped_once_the_threshold_is_held() -> None:
     # glibc's own rule, which the agent stops: after an 8 MiB block was freed, 2 MiB come from the heap.
     assert _probe("glibc") == ("None", 0)
@@ -122,10 +132,24 @@ def test_a_large_block_freed_leaves_the_next_ones_mapped_once_the_threshold_is_h
     assert _probe("held") == ("True", 1)
 
 
-def test_an_operators_own_threshold_stands() -> None:
-    held, mapped = _probe("held", MALLOC_MMAP_THRESHOLD_=str(16 << 20))
+@needs_mallinfo2
+@pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": str(16 << 20)},
+                                 {"GLIBC_TUNABLES": f"glibc.malloc.mmap_threshold={16 << 20}"}])
+def test_an_operators_own_threshold_stands(env: dict[str, str]) -> None:
+    held, mapped = _probe("held", **env)
     assert held == "False"
     assert mapped == 0  # the 16 MiB the operator set: a 2 MiB block stays in the heap
+
+
+def test_holding_is_a_no_op_where_it_cannot_be_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(heap, "_MALLOPT", lambda param, value: calls.append((param, value)) or 0)  # glibc refusing
+    assert heap.hold_mmap_threshold() is False
+    assert calls == [(-3, heap.MMAP_THRESHOLD)]  # M_MMAP_THRESHOLD
+    monkeypatch.setattr(heap, "_MALLOPT", None)  # a C library without mallopt (musl, macOS)
+    assert heap.hold_mmap_threshold() is False
 
 
 def test_the_agent_holds_the_threshold_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
