@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from raftlog import Bridge, ClockEstimate, MissingSecret, NodeConfig, RaftNode, Space
-from raftlog.heap import FreezeAfterSlowCollections, hold_mmap_threshold, tune_collector
+from raftlog.heap import FreezeAfterSlowCollections, tune_collector
 from raftlog.space import MIN_FREE
 from scheduler.clock import SystemClock
 from scheduler.commands import APPLIES
@@ -349,7 +349,6 @@ def run_agent(args: argparse.Namespace) -> int:
     # validation runs inside apply, and replicas must agree on which zones exist.
     zoneinfo.reset_tzpath(to=[])
     tune_collector()  # see raftlog.heap.THRESHOLDS
-    hold_mmap_threshold()  # see raftlog.heap.MMAP_THRESHOLD
     # A large state still makes each full collection walk millions of objects (~1.9 s with
     # 100,000 jobs): what survives a slow one is frozen so that the next walks only what is new.
     FreezeAfterSlowCollections().install()

@@ -18,8 +18,8 @@ Each form is measured in a process of its own, so its RSS is its own:
   against ``round_full_s`` on the state that applied everything);
 - reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
 
-Each process sets up its allocator as an agent does (``raftlog.heap.hold_mmap_threshold``, where
-the tree measured has it; ``mmap_threshold_held`` says). ``--snapshots`` also takes snapshots
+The JSON records the allocator settings the processes inherit (``PYTHONMALLOC``, ``MALLOC_*``,
+``GLIBC_TUNABLES``), as ``bench.scale`` does for its agents. ``--snapshots`` also takes snapshots
 while the records fill, as an agent does: once the entries applied since the last weigh
 ``RaftNode``'s ``compaction_entries`` and ``compaction_share`` of the records (its defaults), the
 state is captured on the applying thread and packed on a thread of its own while the applies go
@@ -119,12 +119,10 @@ class _Snapshots:
 
 def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
     """One measure in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
-    from raftlog import heap
     from raftlog.fsm import ApplyContext
     from scheduler.commands import PutJobs, RegisterNode, encode_command
     from scheduler.state import State
 
-    held = getattr(heap, "hold_mmap_threshold", lambda: False)()  # as an agent starts (absent from older trees)
     s = State()
     index = 0
     snaps = _Snapshots(s) if snapshots else None
@@ -151,7 +149,7 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         index = s.applied_index
         replay = _round(apply, sorted(s.jobs), keep + 2)
         return {"restore_s": took, "rss_restored_mb": rss_restored, "rss_before_restore_mb": before,
-                "records": len(s.runs), "round_after_restore_s": replay, "mmap_threshold_held_restore": held}
+                "records": len(s.runs), "round_after_restore_s": replay}
 
     apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
     names = [f"job-{i:07d}" for i in range(jobs)]
@@ -195,7 +193,7 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
-        "mmap_threshold_held": held, "snapshots_taken": taken, "snapshots_packed_bytes": packed,
+        "snapshots_taken": taken, "snapshots_packed_bytes": packed,
     }
 
 
@@ -267,7 +265,8 @@ def main() -> None:
 
     head = commit_of(ROOT)
     result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "snapshots": a.snapshots,
-              "commit": head,
+              "commit": head, "allocator_env": {k: v for k, v in os.environ.items()
+                                                if k.startswith("MALLOC_") or k in ("PYTHONMALLOC", "GLIBC_TUNABLES")},
               "reference_tree": str(a.tree) if a.tree else None, "reference_commit": commit_of(a.tree) if a.tree else None, "runs": runs, "median": summary,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print("\nmedians:")

@@ -20,11 +20,10 @@ Three measures keep those walks short:
   collects the survivors of as many youngest collections as its threshold says, all in one
   pause.
 
-And two for the C heap, which holds what is too large for Python's own allocator (each job's
+And one for the C heap, which holds what is too large for Python's own allocator (each job's
 run records are one value of 1-2 KB, made anew at each claim, start and result):
-``hold_mmap_threshold`` keeps the large blocks that come and go (a snapshot's chunks, batches
-of entries) out of the heap, and ``release_free_memory`` hands the heap's free pages back to
-the system after a compaction and a restore, when the most memory has just been freed.
+``release_free_memory`` hands its free pages back to the system after a compaction and a
+restore, when the most memory has just been freed.
 """
 
 from __future__ import annotations
@@ -33,15 +32,11 @@ import contextlib
 import ctypes
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = [
-    "FreezeAfterSlowCollections", "MMAP_THRESHOLD", "THRESHOLDS", "hold_mmap_threshold", "quiet_restore",
-    "release_free_memory", "tune_collector",
-]
+__all__ = ["FreezeAfterSlowCollections", "THRESHOLDS", "quiet_restore", "release_free_memory", "tune_collector"]
 
 log = logging.getLogger("raftcron.heap")
 
@@ -84,41 +79,20 @@ def quiet_restore() -> Iterator[None]:
         release_free_memory()
 
 
-def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
-    """A glibc function of the C library the interpreter runs on, or None where there is none."""
+def _find_trim() -> Callable[[int], int] | None:
     try:
-        libc = ctypes.CDLL(None)
+        libc = ctypes.CDLL(None)  # the C library the interpreter runs on
     except (OSError, TypeError):  # TypeError: where a library cannot be opened by no name
         return None
-    function = getattr(libc, name, None)  # malloc_trim and mallopt are glibc's; absent from musl and macOS
-    if function is None:
+    trim = getattr(libc, "malloc_trim", None)  # glibc's; absent from musl and macOS
+    if trim is None:
         return None
-    function.argtypes = argtypes
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
 
 
-_TRIM = _libc_function("malloc_trim", [ctypes.c_size_t])
-_MALLOPT = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-
-MMAP_THRESHOLD = 1024 * 1024
-"""The mmap threshold an agent holds: glibc maps blocks of this size or more (when its free
-lists cannot serve them) with pages of their own, which go back to the system when freed.
-
-glibc starts at 128 KiB, but each time a mapped block is freed it raises the threshold to that
-block's size (up to 32 MiB). An agent frees such blocks all the time: a snapshot's packed chunks,
-pysyncobj's pickled batches of entries, a large entry's bytes. After the first of them, the later
-ones are carved from the heap instead, among the values the raft thread makes meanwhile (dicts and
-values too large for Python's own allocator, such as a job's run records at ``keep`` 10, replaced
-at every claim, start and result), and when they are freed they leave holes that stay resident
-until the next ``malloc_trim``. In-process, 100,000 jobs x 4 records filled with snapshots packed
-on a thread as an agent takes them (``bench.history --snapshots``), the threshold held took the
-RSS per record from 147-182 to 110-115 bytes. At 128 KiB every buffer the packing grows was mapped
-and faulted in afresh, which cost more time than it saved memory over 1 MiB (bench/README, item
-73). By the time an agent holds it, its imports have already raised the threshold; holding it
-sets it back to this value and keeps it there. glibc's trim threshold, which rose with it, is
-left as it is."""
+_TRIM = _find_trim()
 
 
 def release_free_memory() -> bool:
@@ -137,17 +111,6 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
-
-
-def hold_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Keep glibc's mmap threshold at ``threshold`` bytes (see ``MMAP_THRESHOLD``): an agent
-    calls this once, at start. False where the C library has no ``mallopt`` or refused, and
-    where the environment sets the threshold (``MALLOC_MMAP_THRESHOLD_``, or
-    ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``): an operator's own tuning stands."""
-    if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ \
-            or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    return _MALLOPT(_M_MMAP_THRESHOLD, threshold) == 1
 
 
 class FreezeAfterSlowCollections:
