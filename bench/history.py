@@ -240,6 +240,8 @@ def _child_main(argv: list[str]) -> None:
 
 
 def main() -> None:
+    from .rig import allocator_env  # here, not at the top: the children run this file as a script
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=100_000, help="jobs (default 100,000)")
     p.add_argument("--keep", type=int, default=10, help="records per job (default 10)")
@@ -265,8 +267,7 @@ def main() -> None:
 
     head = commit_of(ROOT)
     result = {"bench": "history", "jobs": a.jobs, "keep": a.keep, "repeat": a.repeat, "snapshots": a.snapshots,
-              "commit": head, "allocator_env": {k: v for k, v in os.environ.items()
-                                                if k.startswith("MALLOC_") or k in ("PYTHONMALLOC", "GLIBC_TUNABLES")},
+              "commit": head, "allocator_env": allocator_env(),
               "reference_tree": str(a.tree) if a.tree else None, "reference_commit": commit_of(a.tree) if a.tree else None, "runs": runs, "median": summary,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print("\nmedians:")

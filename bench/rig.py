@@ -69,9 +69,14 @@ def machine() -> dict[str, Any]:
         "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "load_at_start": load(), "busy_processes_at_start": _busy_processes(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        # The memory allocators' settings the agents inherit (they change RSS, bench/README).
-        "allocator_env": {k: v for k, v in os.environ.items() if k == "PYTHONMALLOC" or k.startswith("MALLOC_")},
+        "allocator_env": allocator_env(),
     }
+
+
+def allocator_env() -> dict[str, str]:
+    """The memory allocators' settings the processes measured inherit (they change RSS, bench/README)."""
+    return {k: v for k, v in os.environ.items()
+            if k in ("PYTHONMALLOC", "GLIBC_TUNABLES") or k.startswith("MALLOC_")}
 
 
 # ---- clusters ------------------------------------------------------------------------------------
