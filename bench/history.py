@@ -22,8 +22,9 @@ The JSON records the allocator settings the processes inherit (``PYTHONMALLOC``,
 ``GLIBC_TUNABLES``), as ``bench.scale`` does for its agents. ``--snapshots`` also takes snapshots
 while the records fill, as an agent does: once the entries applied since the last weigh
 ``RaftNode``'s ``compaction_entries`` and ``compaction_share`` of the records (its defaults), the
-state is captured on the applying thread and packed on a thread of its own while the applies go
-on (``snapshots_taken``); what the packing leaves in the heap shows in the bytes per record.
+state is captured on the applying thread, then packed and written to a file (fsync off) on a
+thread of its own by the measured tree's ``raftlog.snapshot.SnapshotWriter``, while the applies
+go on (``snapshots_taken``); what the packing leaves in the heap shows in the bytes per record.
 
 ``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
 commit checked out with ``git worktree add``), interleaved with this tree's, as the reference.
@@ -45,7 +46,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,56 +65,64 @@ def rss_mb() -> float:
 
 
 class _Snapshots:
-    """Snapshots taken as ``RaftNode`` takes them (``_count_weight``), packed on a thread of their own.
+    """Snapshots taken as ``RaftNode`` takes them (``_count_weight``) and written by the measured
+    tree's own ``raftlog.snapshot.SnapshotWriter``: captured on the applying thread, packed and
+    written to a file (fsync off) on a thread of its own, with whatever that writer does after.
 
-    As in pysyncobj, a snapshot asked for while the last one is still being packed is taken at
-    the first entry applied after that one is done; the applies never wait for the packing."""
+    As in pysyncobj, a snapshot asked for while the last one is still being written is taken at
+    the first entry applied after that one is done; the applies never wait for the writing."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, path: Path) -> None:
         import dataclasses
 
         from raftlog.node import NodeConfig
+        from raftlog.snapshot import SnapshotWriter
 
         defaults = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
         self.state = state
+        self.path = path
+        self.writer = SnapshotWriter(state, fsync=False)
         self.entries = int(defaults["compaction_entries"])
         self.share = float(defaults["compaction_share"])
         self.weight = 0
         self.taken = 0
         self.packed_bytes = 0
         self._asked = False
-        self._packer: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._writing = False
 
-    def applied(self) -> None:
+    def applied(self, index: int) -> None:
         self.weight += max(1, int(self.state.entry_weight))
         if self.weight >= self.entries and self.weight >= self.state.records() * self.share:
             self.weight = 0
             self._asked = True
-        if not self._asked or (self._packer is not None and self._packer.is_alive()):
+        if not self._asked or not self._done():
             return
-        self.join()
         self._asked = False
         self.taken += 1
-        chunks = self.state.snapshot()  # the capture, here; the packing, on the thread
+        # (command, index, term) of the last two entries, as pysyncobj hands them over.
+        self.writer.start(str(self.path) + ".tmp", ((b"", index, 1), (b"", index - 1, 1), []))
+        self._writing = True
+        self._done()  # a capture that failed fails the run now
 
-        def pack() -> None:
-            try:
-                with open(os.devnull, "wb") as sink:
-                    for chunk in chunks:
-                        self.packed_bytes += sink.write(chunk)
-            except BaseException as exc:  # noqa: BLE001 - handed to join(), which raises it
-                self._failed = exc
+    def _done(self) -> bool:
+        """Whether no snapshot is being written; raises if the last one failed."""
+        from pysyncobj.config import SERIALIZER_STATE
 
-        self._packer = threading.Thread(target=pack, name="snapshot")
-        self._packer.start()
+        if not self._writing:
+            return True
+        state = self.writer.check()
+        if state == SERIALIZER_STATE.SERIALIZING:
+            return False
+        self._writing = False
+        if state != SERIALIZER_STATE.SUCCESS:
+            raise RuntimeError(f"writing a snapshot failed (serializer state {state}; the writer logged why)")
+        self.packed_bytes += self.path.stat().st_size
+        return True
 
     def join(self) -> None:
-        if self._packer is not None:
-            self._packer.join()
-            self._packer = None
-        if self._failed is not None:
-            raise RuntimeError("packing a snapshot failed") from self._failed
+        while not self._done():
+            self.writer.join(1.0)
+        self.path.unlink(missing_ok=True)
 
 
 def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
@@ -125,14 +133,14 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
 
     s = State()
     index = 0
-    snaps = _Snapshots(s) if snapshots else None
+    snaps = _Snapshots(s, Path(os.environ.get("TMPDIR", "/tmp")) / f"history-snapshots-{os.getpid()}.bin") if snapshots else None
 
     def apply(cmd: Any) -> Any:
         nonlocal index
         index += 1
         out = s.apply(encode_command(cmd), ApplyContext(index=index))
         if snaps is not None:
-            snaps.applied()
+            snaps.applied(index)
         return out
 
     if restore_from is not None:
