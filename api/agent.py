@@ -226,7 +226,8 @@ class Agent:
         )
         await asyncio.to_thread(node.start)
         self.node = node
-        self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status, max_jobs=c.metrics_max_jobs)
+        self.metrics = Metrics(node_id=c.node_id, state=self.state, raft=node.status, max_jobs=c.metrics_max_jobs,
+                               relay=runtime.relay)
         service = runtime.start(node, Bridge(node, loop, runtime.relay), observer=self.metrics)
         self.metrics.worker = runtime.worker
         self.metrics.unplanned = runtime.unplanned_jobs

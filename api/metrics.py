@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from raftlog.bridge import Relay
 from raftlog.node import NodeStatus
 from scheduler.commands import (
     CancelRun,
@@ -215,12 +216,13 @@ class Trend:
 class Metrics:
     def __init__(self, *, node_id: str, state: State, raft: Callable[[], NodeStatus],
                  worker: WorkerGauges | None = None, unplanned: Callable[[], int] | None = None,
-                 max_jobs: int = MAX_JOB_SERIES) -> None:
+                 max_jobs: int = MAX_JOB_SERIES, relay: Relay | None = None) -> None:
         self.node_id = node_id
         self.state = state
         self.raft = raft
         self.worker = worker
         self.unplanned = unplanned
+        self.relay = relay
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.jobs = JobSeries(max_jobs)
@@ -375,6 +377,12 @@ class _ScrapeCollector:
         yield _gauge("leader_unplanned_jobs", "On the leader, jobs whose next slot it has not planned yet since "
                      "it took office (0 once every job's is known, and on followers)",
                      m.unplanned() if m.unplanned is not None else 0)
+        relay = m.relay
+        yield _gauge("loop_handoff_queued", "Applied entries, role changes and settled writes the raft thread "
+                     "handed to the event loop that it has not taken yet", relay.queued if relay is not None else 0)
+        yield _gauge("loop_handoff_peak", "The most ever queued at once for the event loop since this agent "
+                     "started: how far the loop fell behind the raft thread (each queued entry keeps its "
+                     "result in memory until taken)", relay.peak if relay is not None else 0)
         yield _gauge("gc_frozen_objects", "Objects moved out of the collector's walks (the state restored or "
                      "long-lived after a slow full collection)", gc.get_freeze_count())
         yield _gauge("dead_letters", "Runs in the dead-letter list", len(state.dead))

@@ -220,7 +220,8 @@ def rss_parts_mb(pid: int) -> dict[str, float] | None:
 
 
 def metric_total(url: str, family: str) -> int | None:
-    """The sum of a family's series on a node's /metrics (``raftcron_jobs``: every job, by status)."""
+    """The sum of a family's series on a node's /metrics (``raftcron_jobs``: every job, by status;
+    a family without labels: its one value)."""
     import urllib.request
 
     try:
@@ -228,7 +229,8 @@ def metric_total(url: str, family: str) -> int | None:
             text = resp.read().decode()
     except OSError:
         return None
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(family + "{")))
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((family + "{", family + " "))))
 
 
 def jobs_held(url: str) -> int | None:

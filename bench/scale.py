@@ -10,13 +10,16 @@ On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
 3. loaded: the same write rate measured again (its ratio to the reference is the figure),
    the first page of ``GET /v1/jobs?limit=100`` and of a label-filtered page
    (``label=team=t3``), 20 times each, ``raftcron get jobs -l team=t3 -o json`` (a process:
-   10 % of the jobs, every page), each agent's RSS and the bytes per job it adds;
+   10 % of the jobs, every page), each agent's RSS and the bytes per job it adds, and the most
+   entries its event loop ever had queued from the raft thread (``raftcron_loop_handoff_peak``,
+   ``handoff_peak_loaded``);
 4. with ``--history K``: the same jobs edited (one ``POST /v1/jobs:batch`` per 1,000) to fire
    once a minute, each at second ``i % 60`` (``{i % 60} * * * * *``, so ~1/60 of them at each
    second), to a sink of this benchmark's own, keeping ``history: {keep: K}``; then waited on
    until every node's ledger holds ``jobs x K`` run records (``raftcron_ledger_runs``): each
-   agent's RSS then, and the bytes per record it adds over its RSS loaded. The jobs go on
-   firing through step 5, so the restart is of a cluster at work with its history;
+   agent's RSS then, the bytes per record it adds over its RSS loaded, and the handoff peak
+   again (``handoff_peak``). The jobs go on firing through step 5, so the restart is of a
+   cluster at work with its history;
 5. kill -9 of all three, start all three: seconds to the first committed write, and to the
    leader knowing every job's next slot (``raftcron_leader_unplanned_jobs`` reaching 0), the
    RSS after the restart, and the snapshot and journal bytes each node restarted from.
@@ -174,6 +177,7 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
     per = [(rss[k] - before) * 1024 * 1024 / held[k] for k, before in rss_loaded.items()
            if rss.get(k) is not None and before is not None and held.get(k)]
     out["bytes_per_record"] = median_of(per)
+    out["handoff_peak"] = {n.name: metric_total(n.url, "raftcron_loop_handoff_peak") for n in cluster.nodes}
     return out
 
 
@@ -317,6 +321,7 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
     out["prober_lag"] = prober.lag
     out["worst_health"] = max((h["max"] for h in health.values() if h["max"] is not None), default=None)
     out["rss_loaded_mb"] = {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None}
+    out["handoff_peak_loaded"] = {n.name: metric_total(n.url, "raftcron_loop_handoff_peak") for n in cluster.nodes}
     added = [out["rss_loaded_mb"][k] - out["rss_empty_mb"][k] for k in out["rss_loaded_mb"]
              if out["rss_loaded_mb"][k] is not None and out["rss_empty_mb"].get(k) is not None]
     out["bytes_per_job"] = median_of([x * 1024 * 1024 / (a.jobs + 2 * a.writes) for x in added])

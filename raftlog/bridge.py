@@ -67,9 +67,20 @@ class Relay:
         self._loop = loop
         self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._pending = False
+        self.peak = 0
+        """The most calls ever queued at once: how far the loop fell behind the raft thread (each
+        queued applied entry keeps its result, and what it refers to, alive until taken)."""
+
+    @property
+    def queued(self) -> int:
+        """Calls posted and not yet taken by the loop."""
+        return len(self._calls)
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         self._calls.append((fn, args))
+        depth = len(self._calls)
+        if depth > self.peak:
+            self.peak = depth
         if not self._pending:
             self._pending = True
             try:

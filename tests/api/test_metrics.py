@@ -37,6 +37,7 @@ FAMILIES = {
     "raftcron_api_request_duration_seconds": "histogram", "raftcron_worker_pending_reports": "gauge",
     "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge", "raftcron_gc_frozen_objects": "gauge",
     "raftcron_worker_declined_attempts": "counter", "raftcron_worker_reserved_attempts": "counter",
+    "raftcron_loop_handoff_queued": "gauge", "raftcron_loop_handoff_peak": "gauge",
 }
 
 
@@ -144,6 +145,7 @@ async def test_the_scrape_holds_every_family_after_a_run_succeeded(node: Node, s
     assert _value(families["raftcron_start_lateness_seconds"], "raftcron_start_lateness_seconds_count") > 0
     assert _value(families["raftcron_run_duration_seconds"], "raftcron_run_duration_seconds_count", job="tick") > 0
     assert _value(families["raftcron_leader"], "raftcron_leader") == 1
+    assert _value(families["raftcron_loop_handoff_peak"], "raftcron_loop_handoff_peak") >= 1  # entries applied
     assert _value(families["raftcron_elections"], "raftcron_elections_total") >= 1
     assert _value(families["raftcron_term"], "raftcron_term") >= 1
     assert _value(families["raftcron_ledger_runs"], "raftcron_ledger_runs", status="succeeded") >= 1

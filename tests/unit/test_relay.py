@@ -56,3 +56,18 @@ def test_posting_to_a_closed_loop_is_ignored() -> None:
     loop = asyncio.new_event_loop()
     loop.close()
     Relay(loop).post(print, "never")  # no raise: nobody waits any more
+
+
+async def test_the_backlog_and_its_peak_are_counted() -> None:
+    relay = Relay(asyncio.get_running_loop())
+    seen: list[int] = []
+    for i in range(7):  # posted from the loop's own thread: nothing is taken until it yields
+        relay.post(seen.append, i)
+    assert (relay.queued, relay.peak) == (7, 7)
+    for _ in range(100):
+        if len(seen) == 7:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == list(range(7))
+    relay.post(seen.append, 7)
+    assert (relay.queued, relay.peak) == (1, 7)  # the peak is the most ever queued at once
