@@ -24,7 +24,8 @@ while the records fill, as an agent does: once the entries applied since the las
 ``RaftNode``'s ``compaction_entries`` and ``compaction_share`` of the records (its defaults), the
 state is captured on the applying thread, then packed and written to a file (fsync off) on a
 thread of its own by the measured tree's ``raftlog.snapshot.SnapshotWriter``, while the applies
-go on (``snapshots_taken``); what the packing leaves in the heap shows in the bytes per record.
+go on (``snapshots_taken``); once each is written the C heap is trimmed, as the compaction that
+follows it in an agent does. What the packing leaves in the heap shows in the bytes per record.
 
 ``--tree PATH`` also runs the same measure with PATH's ``scheduler`` package (an earlier
 commit checked out with ``git worktree add``), interleaved with this tree's, as the reference.
@@ -67,7 +68,9 @@ def rss_mb() -> float:
 class _Snapshots:
     """Snapshots taken as ``RaftNode`` takes them (``_count_weight``) and written by the measured
     tree's own ``raftlog.snapshot.SnapshotWriter``: captured on the applying thread, packed and
-    written to a file (fsync off) on a thread of its own, with whatever that writer does after.
+    written to a file (fsync off) on a thread of its own. Once one is written, the C heap is
+    trimmed (the tree's ``raftlog.heap.release_free_memory``), as the journal compaction that
+    follows each written snapshot in an agent with fsync on does (``raftlog.journal``).
 
     As in pysyncobj, a snapshot asked for while the last one is still being written is taken at
     the first entry applied after that one is done; the applies never wait for the writing."""
@@ -115,14 +118,24 @@ class _Snapshots:
             return False
         self._writing = False
         if state != SERIALIZER_STATE.SUCCESS:
+            self.path.unlink(missing_ok=True)
             raise RuntimeError(f"writing a snapshot failed (serializer state {state}; the writer logged why)")
         self.packed_bytes += self.path.stat().st_size
+        self._compacted()
         return True
 
+    @staticmethod
+    def _compacted() -> None:
+        from raftlog.heap import release_free_memory
+
+        release_free_memory()
+
     def join(self) -> None:
-        while not self._done():
-            self.writer.join(1.0)
-        self.path.unlink(missing_ok=True)
+        try:
+            while not self._done():
+                self.writer.join(1.0)
+        finally:
+            self.path.unlink(missing_ok=True)
 
 
 def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
@@ -256,7 +269,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="repetitions of each form (default 2)")
     p.add_argument("--tree", type=Path, help="also measure this checkout's scheduler package (the reference)")
     p.add_argument("--snapshots", action="store_true",
-                   help="take snapshots while the records fill, packed on a thread, as an agent does")
+                   help="take snapshots while the records fill, written on a thread by the tree's own "
+                        "SnapshotWriter, as an agent does")
     p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
     a = p.parse_args()
     forms = {"this": ROOT} | ({"reference": a.tree.resolve()} if a.tree else {})

@@ -26,7 +26,6 @@ from pysyncobj.config import SERIALIZER_STATE
 
 from .codec import CodecError, pack, unpack
 from .fsm import StateMachine
-from .heap import release_free_memory
 
 __all__ = ["SnapshotWriter", "check_snapshot", "read_snapshot", "write_snapshot", "MAGIC"]
 
@@ -149,15 +148,6 @@ class SnapshotWriter:
         except Exception:  # noqa: BLE001
             log.exception("writing the snapshot %s failed; the journal is kept", path)
             outcome = SERIALIZER_STATE.FAILED
-        # The view the chunks were packed from is let go here, and with it every record the raft
-        # thread replaced meanwhile; hand the pages they held back before reporting (see
-        # raftlog.heap.release_free_memory: packed on this thread, the snapshot's buffers and
-        # those records leave holes in the C heap that stay resident until trimmed).
-        close = getattr(chunks, "close", None)  # a write that failed midway leaves the generator open
-        if close is not None:
-            close()
-        del chunks
-        release_free_memory()
         with self._lock:
             self._state = outcome
             if outcome == SERIALIZER_STATE.SUCCESS:

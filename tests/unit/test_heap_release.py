@@ -1,4 +1,4 @@
-"""Free pages of the C heap go back to the system after a compaction, a restore and a snapshot.
+"""Free pages of the C heap go back to the system after a compaction and after a restore.
 
 Each job's run records are one value of a kilobyte or two, made anew at every claim, start and
 result, so they live on the C heap. A snapshot holds every job's old value while it is written;
@@ -9,16 +9,12 @@ stay resident behind the new values until ``malloc_trim`` hands them back.
 from __future__ import annotations
 
 import gc
-import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pysyncobj.config import SERIALIZER_STATE
 
 from raftlog import heap
 from raftlog.journal import _DurableJournal
-from raftlog.snapshot import SnapshotWriter
 from scheduler.state import State
 
 pytestmark = pytest.mark.skipif(heap._TRIM is None, reason="the C library has no malloc_trim (not glibc)")
@@ -80,47 +76,3 @@ def test_a_restore_releases_the_pages_its_buffers_held(tmp_path: Path, monkeypat
     calls = _counted(monkeypatch)
     node._deserialize(str(path))
     assert calls == [0]
-
-
-class _View:
-    """What a state's snapshot captures (tables it holds while the packing reads them)."""
-
-
-class _CapturingState:
-    def __init__(self) -> None:
-        self.views: list[weakref.ref[_View]] = []
-
-    def snapshot(self) -> Iterator[bytes]:
-        view = _View()
-        self.views.append(weakref.ref(view))
-        return self._pack(view)
-
-    @staticmethod
-    def _pack(view: _View) -> Iterator[bytes]:
-        for i in range(3):
-            yield b"chunk-%d %r" % (i, type(view).__name__)
-
-
-def _write_one(writer: SnapshotWriter, path: Path) -> int:
-    writer.start(str(path) + ".tmp", ((b"", 7, 1), (b"", 6, 1), []))
-    writer.join(30.0)
-    return writer.check()
-
-
-@pytest.mark.parametrize("where", ["dir", "missing-dir"], ids=["written", "failed"])
-def test_a_snapshot_releases_the_pages_once_its_view_is_let_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
-    # Packed on a thread of its own, a snapshot's buffers and the records the raft thread
-    # replaced while it was written leave holes in the C heap; the writer trims once the view
-    # is gone, whether the file was written or the writing failed (then with the chunks unread).
-    state = _CapturingState()
-    writer = SnapshotWriter(state, fsync=False)  # type: ignore[arg-type]
-    views_alive_at_trim: list[bool] = []
-    monkeypatch.setattr(heap, "_TRIM", lambda pad: views_alive_at_trim.append(state.views[-1]() is not None) or 1)
-    path = tmp_path / ("nowhere/dump" if where == "missing-dir" else "dump")
-    outcome = _write_one(writer, path)
-    assert outcome == (SERIALIZER_STATE.SUCCESS if where == "dir" else SERIALIZER_STATE.FAILED)
-    assert views_alive_at_trim == [False]
-    if where == "dir":
-        assert path.read_bytes().endswith(b"chunk-2 '_View'")
