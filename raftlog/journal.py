@@ -112,6 +112,16 @@ class _SizedFile(ResizableFile):  # type: ignore[misc]
         return self._ResizableFile__f.fileno()  # type: ignore[no-any-return]
 
 
+class _TrimmingJournal(FileJournal):  # type: ignore[misc]
+    """pysyncobj's own FileJournal (an agent with fsync off), handing the C heap's free pages back
+    after each compaction as ``_DurableJournal`` does: the entries compacted away and the view of
+    the snapshot written just before were freed then."""
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        super().deleteEntriesTo(entryTo)
+        release_free_memory()
+
+
 class _DurableJournal(FileJournal):  # type: ignore[misc]
     """A FileJournal that syncs appended records before anyone is told of them.
 
@@ -277,7 +287,8 @@ def _sync_dir(path: str) -> None:
 @contextmanager
 def journal_factory(durable: bool) -> Iterator[None]:
     """While open, a SyncObj constructed on this thread gets a ``_DurableJournal`` (when
-    ``durable`` and a journal file is configured).
+    ``durable`` and a journal file is configured), else a ``_TrimmingJournal`` over the file
+    (pysyncobj's own, recovered first), or pysyncobj's in-memory journal without a file.
 
     pysyncobj has no journal factory option; its syncobj module's ``createJournal`` is
     swapped for the duration of construction (the node's owner thread is the only caller).
@@ -289,6 +300,7 @@ def journal_factory(durable: bool) -> Iterator[None]:
             return _DurableJournal(path)
         if path:
             recover_journal(Path(path))
+            return _TrimmingJournal(path)
         return original(path)
 
     _pso.createJournal = create
