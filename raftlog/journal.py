@@ -174,7 +174,9 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         self.failed: OSError | None = None  # set for good by a failed sync, see _fdatasync
         self._rc_meta_warned = float("-inf")
         self._rc_dropped = 0  # the journal's bytes before this offset are not mapped in
-        self._drop_synced_pages(0)  # the journal just read through the mapping, all of it clean
+        # The journal was just read through the mapping. Pages written at the start and not yet
+        # synced (a new file's header, a torn tail cut off) are dirty: unmapping keeps them too.
+        self._drop_synced_pages(0)
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         # Space first: an ENOSPC raised here leaves the journal as it was (pysyncobj drops the
@@ -217,6 +219,12 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         after it are written again from where it began, through pages mapped in afresh."""
         super().deleteEntriesFrom(entryFrom)
         self._rc_dropped = min(self._rc_dropped, int(self._FileJournal__currentOffset))
+
+    def clear(self) -> None:
+        """Every entry dropped (pysyncobj, loading a snapshot the journal does not follow: at the
+        start, or a follower sent the leader's snapshot); written again from the start."""
+        super().clear()
+        self._rc_dropped = 0
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
         """Compaction: the entries from ``entryTo`` on, written to a side file, synced, and

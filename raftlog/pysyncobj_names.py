@@ -81,6 +81,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName("FileJournal", "_FileJournal__journal", "attribute", "the entries a compaction keeps"),
     PrivateName("FileJournal", "add", "method", "overridden: sync each append unless deferred"),
     PrivateName("FileJournal", "deleteEntriesTo", "method", "overridden: one sync per compaction"),
+    PrivateName("FileJournal", "deleteEntriesFrom", "method", "overridden: a cut suffix's pages mapped in again"),
+    PrivateName("FileJournal", "clear", "method", "overridden: a cleared journal's pages mapped in again"),
     PrivateName("FileJournal", "setCurrentTerm", "method", "overridden: the meta left as it was when its store fails"),
     PrivateName("FileJournal", "onOneSecondTimer", "method", "overridden: a failed commit-index store skips no tick"),
     PrivateName("FileJournal", "_FileJournal__meta", "attribute", "restored when a term's store fails"),

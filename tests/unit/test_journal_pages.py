@@ -74,6 +74,8 @@ def test_a_suffix_cut_off_and_written_again_reads_back_and_is_handed_back(tmp_pa
     journal.sync()
     _fill(journal, 800, 3000, first=501)
     assert len(journal) == 1300
+    # What was written again after the cut is handed back as well, not kept resident.
+    assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
     journal._destroy()
     reopened = _DurableJournal(str(path))
     assert [reopened[k][1] for k in (0, 499, 500, 1299)] == [1, 500, 501, 1300]
@@ -81,4 +83,22 @@ def test_a_suffix_cut_off_and_written_again_reads_back_and_is_handed_back(tmp_pa
     assert reopened[500][0] == bytes([501 % 251]) * 3000
     assert reopened[1299][0] == bytes([1300 % 251]) * 3000
     assert _mapped_kb(path) <= _AROUND_KB
+    reopened._destroy()
+
+
+def test_a_cleared_journal_written_again_is_handed_back(tmp_path: Path) -> None:
+    # pysyncobj clears the journal when it loads a snapshot the journal does not follow (a
+    # follower sent the leader's snapshot); the records after it are written from the start.
+    path = tmp_path / "raft.journal"
+    journal = _DurableJournal(str(path))
+    _fill(journal, 1000, 4000)
+    journal.clear()
+    journal.sync()
+    _fill(journal, 800, 3000, first=2001)
+    assert len(journal) == 800
+    assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
+    journal._destroy()
+    reopened = _DurableJournal(str(path))
+    assert [reopened[k][1] for k in (0, 799)] == [2001, 2800]
+    assert reopened[799][0] == bytes([2800 % 251]) * 3000
     reopened._destroy()
