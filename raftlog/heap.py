@@ -22,8 +22,8 @@ Three measures keep those walks short:
 
 And one for the C heap, which holds what is too large for Python's own allocator (each job's
 run records are one value of 1-2 KB, made anew at each claim, start and result):
-``release_free_memory`` hands its free pages back to the system after a compaction, a restore
-and a snapshot's writing, when the most memory has just been freed.
+``release_free_memory`` hands its free pages back to the system after a compaction and a
+restore, when the most memory has just been freed.
 """
 
 from __future__ import annotations
