@@ -1,9 +1,9 @@
 """The durable journal hands back the pages of records it has synced.
 
 pysyncobj keeps every entry in a list and writes the journal file only through a shared mapping,
-so every page written stayed resident with the process: the entries were held twice. Synced
-pages are now unmapped from the process (their bytes stay in the file and the page cache), and
-what is read back is what was written.
+so every page written stayed mapped into the process and counted in its RSS beside the list.
+Synced pages are now unmapped from the process (their bytes stay in the file and the page cache,
+for the kernel to reclaim), and what is read back is what was written.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import pytest
 from raftlog import journal as journal_mod
 from raftlog.journal import _DurableJournal
 
+pytestmark = pytest.mark.skipif(not hasattr(mmap.mmap, "madvise") or not hasattr(mmap, "MADV_DONTNEED"),
+                                reason="this platform's mmap has no madvise(MADV_DONTNEED)")
 
 def _mapped_kb(path: Path) -> int:
     """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
@@ -45,8 +47,6 @@ def _fill(journal: _DurableJournal, entries: int, size: int, first: int = 1) -> 
     journal.sync()
 
 
-@pytest.mark.skipif(not hasattr(mmap.mmap, "madvise") or not hasattr(mmap, "MADV_DONTNEED"),
-                    reason="this platform's mmap has no madvise(MADV_DONTNEED)")
 def test_synced_records_do_not_stay_mapped_in(tmp_path: Path) -> None:
     path = tmp_path / "raft.journal"
     journal = _DurableJournal(str(path))
