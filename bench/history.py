@@ -111,6 +111,8 @@ class _Snapshots:
         """Whether no snapshot is being written; raises if the last one failed."""
         from pysyncobj.config import SERIALIZER_STATE
 
+        from raftlog.heap import release_free_memory
+
         if not self._writing:
             return True
         state = self.writer.check()
@@ -121,14 +123,8 @@ class _Snapshots:
             self.path.unlink(missing_ok=True)
             raise RuntimeError(f"writing a snapshot failed (serializer state {state}; the writer logged why)")
         self.packed_bytes += self.path.stat().st_size
-        self._compacted()
+        release_free_memory()  # as the journal's compaction does right after a snapshot is written
         return True
-
-    @staticmethod
-    def _compacted() -> None:
-        from raftlog.heap import release_free_memory
-
-        release_free_memory()
 
     def join(self) -> None:
         try:

@@ -16,7 +16,7 @@ import pysyncobj.syncobj as _pso
 import pytest
 
 from raftlog import heap
-from raftlog.journal import _DurableJournal, journal_factory
+from raftlog.journal import journal_factory
 from scheduler.state import State
 
 pytestmark = pytest.mark.skipif(heap._TRIM is None, reason="the C library has no malloc_trim (not glibc)")
@@ -56,21 +56,12 @@ def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_a_compaction_releases_the_pages_it_freed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    journal = _DurableJournal(str(tmp_path / "raft.journal"))
-    for i in range(1, 201):
-        journal.add(b"command-%d" % i, i, 1)
-    calls = _counted(monkeypatch)
-    journal.deleteEntriesTo(150)
-    assert calls == [0]
-    assert [idx for _, idx, _ in (journal[k] for k in range(len(journal)))] == list(range(151, 201))
-    journal._destroy()
-
-
-def test_a_compaction_with_fsync_off_releases_the_pages_it_freed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("durable", [True, False], ids=["fsync on", "fsync off"])
+def test_a_compaction_releases_the_pages_it_freed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  durable: bool) -> None:
     # With fsync off the journal is pysyncobj's own; its compactions, each right after a snapshot
-    # is written, trimmed nothing until this.
-    with journal_factory(durable=False):
+    # is written, trimmed nothing before _TrimmingJournal.
+    with journal_factory(durable=durable):
         journal = _pso.createJournal(str(tmp_path / "raft.journal"))
     for i in range(1, 201):
         journal.add(b"command-%d" % i, i, 1)
