@@ -269,12 +269,16 @@ def _without(n: int, tokens: memoryview, lens: memoryview, raw: memoryview,
 def _crc(job: str, raw: bytes, values: list[Any]) -> int:
     """CRC-32 of a job's name, tokens and values as a version-3 snapshot lists them (a record
     kept as a dict, by its msgpack form: one node packs it, another unpacks and packs it again)."""
-    crc = zlib.crc32(raw, zlib.crc32(job.encode("utf-8", "surrogatepass")))
-    crc = zlib.crc32(b"".join(v for v in values if type(v) is bytes), crc)
+    crc = _crc_packed(job, raw, b"".join(v for v in values if type(v) is bytes))
     for v in values:
         if type(v) is not bytes:
             crc = zlib.crc32(msgpack.packb(v, use_bin_type=True), crc)
     return crc
+
+
+def _crc_packed(job: str, raw: bytes, data: Any) -> int:
+    """``_crc`` of values that are all packed, given as ``data``, their bytes one after another."""
+    return zlib.crc32(data, zlib.crc32(raw, zlib.crc32(job.encode("utf-8", "surrogatepass"))))
 
 
 _SECOND = frozenset({*range(len(_TRIGGERS)), _NO_CODE})
@@ -618,7 +622,17 @@ class RunTable:
                                  f"{type(values).__name__}, {type(crc).__name__}")
             if len(raw) % 8 or len(raw) // 8 != len(values):
                 raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
-            if _crc(job, raw, values) != crc:
+            # Every value packed (nearly every job, as a snapshot lists them): joined once, and that
+            # join is both the checksum's input and the data of the job's value. A record kept as a
+            # dict (msgpack gives no other bytes-like value than ``bytes``) fails the join.
+            try:
+                data: bytes | None = b"".join(values)
+            except TypeError:
+                data = None
+            if data is None:
+                if _crc(job, raw, values) != crc:
+                    raise ValueError(f"the runs of job {job!r} fail their checksum")
+            elif _crc_packed(job, raw, data) != crc:
                 raise ValueError(f"the runs of job {job!r} fail their checksum")
             job = sys.intern(job)
             if not values:
@@ -626,22 +640,33 @@ class RunTable:
                 continue
             tokens = _unwire("q", raw)
             blob = self._jobs.get(job, _EMPTY)
-            n, held, _, _ = _open(blob)
-            last = held[n - 1] if n else -1
+            n = 0 if blob is _EMPTY else int.from_bytes(blob[:_HEAD], _ORDER)
+            listed = tokens.tolist()
             # In C where it can be: a loop a record took half of a restore's time.
-            if tokens[0] <= last or len(set(tokens)) != len(tokens) or list(tokens) != sorted(tokens):
+            if listed[0] <= (_open(blob)[1][n - 1] if n else -1) or sorted(set(listed)) != listed:
                 raise ValueError(f"job {job!r} lists its runs out of order")
-            heads = Counter([v[:2] if type(v) is bytes else None for v in values])
-            for head, k in heads.items():
+            heads: Any = {v[:2] if type(v) is bytes else None for v in values}
+            if len(heads) > 1:
+                heads = Counter([v[:2] if type(v) is bytes else None for v in values]).items()
+            else:
+                heads = ((heads.pop(), len(values)),)
+            for head, k in heads:
                 if head is None:
                     continue
                 if len(head) < 2 or head[0] >= len(RUN_STATUSES) or RUN_STATUSES[head[0]] in _UNPACKED \
                         or (head[1] & ~_CAUSE) not in _SECOND:
                     raise ValueError(f"job {job!r} holds a run packed with an unknown status or trigger")
                 self._count(RUN_STATUSES[head[0]], k)
-            if min(len(v) if type(v) is bytes else 3 for v in values) < 3:
+            lens = array("I", [len(v) if type(v) is bytes else 3 for v in values])
+            if min(lens) < 3:
                 raise ValueError(f"job {job!r} holds a run packed short")
-            if None in heads:
+            if data is not None and not n and sys.byteorder == "little":
+                # The tokens as listed are this machine's array already, the lengths are those
+                # of the data, and the data is the join: the job's value without a copy between.
+                self._jobs[job] = _made(len(values), (raw, lens, data))
+                self._len += len(values)
+                continue
+            if data is None:
                 self._load_dicts(job, tokens, values)
             if n:  # a job split over chunks: joined to what the chunks before gave it
                 before, kept = _values(blob, self._live)

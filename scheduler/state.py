@@ -614,13 +614,19 @@ def _unpack_sections(data: bytes, table: list[Any]) -> Iterator[tuple[str, list[
     """The snapshot's chunks in order; ``table`` is the caller's list of shared sections (version
     2), which it extends at each ``shared`` chunk before asking for the next."""
 
+    seen: dict[bytes, Any] = {}  # references met before: 100,000 jobs make ~700,000 of a few
+
     def section(code: int, data: bytes) -> Any:
+        value = seen.get(data)
+        if value is not None and code == _REF:
+            return value
         if code != _REF or len(data) != 4:
             raise CodecError(f"state snapshot holds an unknown extension (code {code}, {len(data)} bytes)")
         i = int.from_bytes(data, "big")
         if i >= len(table):
             raise CodecError(f"state snapshot refers to shared section {i} before it is written")
-        return table[i]
+        value = seen[data] = table[i]
+        return value
 
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0, ext_hook=section)
     unpacker.feed(data)

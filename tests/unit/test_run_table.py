@@ -307,6 +307,7 @@ def test_version_3_snapshots_keep_packed_records_as_they_are() -> None:
     back.restore(data)
     assert back.snapshot_bytes() == data and back.runs == s.runs and back.job_runs == s.job_runs
     assert not back.runs._live  # every record ended: none kept as a dict
+    assert back.runs._jobs == s.runs._jobs  # each job's value byte for byte as the applies made it
     from_v2 = State()
     from_v2.restore(v2)
     assert from_v2.snapshot_bytes() == data
@@ -395,8 +396,23 @@ def test_a_job_with_more_runs_than_a_chunk_is_split_and_joined_again() -> None:
     data = s.snapshot_bytes()
     back = State()
     back.restore(data)
-    assert back.runs == table and back.snapshot_bytes() == data
+    assert back.runs == table and back.snapshot_bytes() == data and back.runs._jobs == table._jobs
     assert back.runs._live == table._live and back.runs.status_counts() == table.status_counts()
+
+
+def test_a_job_holding_packed_records_and_one_in_flight_restores_to_the_value_the_applies_made() -> None:
+    """A restore joins a job's packed records straight into its value when all of them are packed,
+    and lays the value out record by record when one is kept as a dict: both give the bytes the
+    applies gave."""
+    s = _filled(5, 2)
+    slot = T0 + 10 * 60 * SEC
+    s.apply(encode_command(ClaimSlots(at_us=slot - 2 * SEC, leader="n1", term=1, claims=(
+        Claim(job="job-00003", slot_us=slot, trigger="schedule", node="n1"),))), ApplyContext(s.applied_index + 1))
+    assert len(s.runs._live) == 1
+    back = State()
+    back.restore(s.snapshot_bytes())
+    assert back.runs._jobs == s.runs._jobs and back.runs._live == s.runs._live
+    assert back.runs.status_counts() == s.runs.status_counts() and len(back.runs) == len(s.runs) == 10
 
 
 def test_jobs_without_runs_are_chunked_as_records_are() -> None:
