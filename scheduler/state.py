@@ -57,15 +57,18 @@ from .store import Store
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS"]
 
 log = logging.getLogger("raftcron.state")
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 """What this build writes. 2: a job document's sections (the map values of the document:
 ``http``, ``labels``, ``retries``, ...) are each written once per snapshot and referenced by
 every job that holds an equal one, and a restore shares them again (``_SharedSections``).
 3: run records as the run table keeps them (``scheduler.runtable``: a record that is over as
 its packed bytes, which a restore keeps as they are): a ``runs`` section of ``(job, tokens,
 values, crc)``, every job in order, and a ``runs_index`` section of ``(tokens, job numbers)``,
-and no ``job_runs`` section (the table lists each job's runs itself)."""
-SNAPSHOT_VERSIONS = (1, 2, 3)
+and no ``job_runs`` section (the table lists each job's runs itself). 4: the ``runs`` section
+holds each job's value as the table does, one ``bytes`` (``(job, value, records kept as
+dicts, crc)``, ``RunTable.load_values``), so packing and restoring a job takes a few steps
+where version 3 took several a record."""
+SNAPSHOT_VERSIONS = (1, 2, 3, 4)
 """What this build restores; ``State(snapshot_version=N)`` writes what a release that reads
 only N and before reads (``raftcron agent --snapshot-format N``, for a rolling upgrade from
 such a release)."""
@@ -439,7 +442,8 @@ class State(Store):
                        "alert_seq": self.alert_seq, "history_sweep_us": self.history_sweep_us}]),
             ("jobs", self.jobs.copy()),
             ("nodes", self.nodes.copy()),
-            *([("runs", runs.by_job(_CHUNK)), ("runs_index", runs.index(8 * _CHUNK))]
+            *([("runs", runs.values(_CHUNK) if self.snapshot_version >= 4 else runs.by_job(_CHUNK)),
+               ("runs_index", runs.index(8 * _CHUNK))]
               if self.snapshot_version >= 3 else [("runs", runs), ("job_runs", runs.job_lists())]),
             ("active", list(self.active)),
             ("dead", list(self.dead)),
@@ -504,7 +508,10 @@ class State(Store):
                         for item in items:  # each job in order, once (a job split over chunks: at their seam)
                             if isinstance(item, tuple) and item and type(item[0]) is str and (not listed or listed[-1] != item[0]):
                                 listed.append(sys.intern(item[0]))
-                        fresh.runs.load_jobs(items)
+                        if version >= 4:
+                            fresh.runs.load_values(items)
+                        else:
+                            fresh.runs.load_jobs(items)
                     else:
                         fresh.runs.load_index(items, listed)
                 except (ValueError, TypeError, KeyError, OverflowError) as exc:

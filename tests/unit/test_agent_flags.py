@@ -48,13 +48,13 @@ def test_bad_values_are_refused_naming_the_flag_and_its_variable(flag: str, valu
 
 
 def test_the_snapshot_format_defaults_to_the_newest_and_takes_an_older_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert config().snapshot_format == SNAPSHOT_VERSION == 3
+    assert config().snapshot_format == SNAPSHOT_VERSION == 4
     assert config("--snapshot-format", "1").snapshot_format == 1
     monkeypatch.setenv("RAFTCRON_SNAPSHOT_FORMAT", "1")
     assert config().snapshot_format == 1
 
 
-@pytest.mark.parametrize("value", ["4", "0", "two", ""])
+@pytest.mark.parametrize("value", ["5", "0", "two", ""])
 def test_an_unknown_snapshot_format_is_refused_naming_the_flag(value: str) -> None:
-    with pytest.raises(ValueError, match=r"^--snapshot-format \(RAFTCRON_SNAPSHOT_FORMAT\): expected one of 1, 2, 3, got "):
+    with pytest.raises(ValueError, match=r"^--snapshot-format \(RAFTCRON_SNAPSHOT_FORMAT\): expected one of 1, 2, 3, 4, got "):
         config("--snapshot-format", value)

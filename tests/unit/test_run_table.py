@@ -16,8 +16,8 @@ from raftlog.codec import CodecError
 from raftlog.fsm import ApplyContext
 from scheduler.commands import Claim, ClaimSlots, FinishRuns, PutJobs, RegisterNode, StartRuns, encode_command
 from scheduler.runs import RUN_STATUSES, RunRecord
-from scheduler.runtable import _EMPTY, FIELDS, RunTable, _crc, pack, run_id_of, token_of_id, unpack
-from scheduler.state import State
+from scheduler.runtable import _EMPTY, FIELDS, RunTable, _crc, _crc_value, pack, run_id_of, token_of_id, unpack
+from scheduler.state import SNAPSHOT_VERSION, State
 from tests.unit.conftest import SEC, T0
 
 
@@ -324,6 +324,7 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
 
     from raftlog.codec import pack as pack_chunk
     s = _filled(5, 2)
+    s.snapshot_version = 3
     slot = T0 + 10 * 60 * SEC  # and one attempt in flight, a record kept as a dict
     s.apply(encode_command(ClaimSlots(at_us=slot - 2 * SEC, leader="n1", term=1, claims=(
         Claim(job="job-00003", slot_us=slot, trigger="schedule", node="n1"),))), ApplyContext(s.applied_index + 1))
@@ -413,6 +414,129 @@ def test_a_job_holding_packed_records_and_one_in_flight_restores_to_the_value_th
     back.restore(s.snapshot_bytes())
     assert back.runs._jobs == s.runs._jobs and back.runs._live == s.runs._live
     assert back.runs.status_counts() == s.runs.status_counts() and len(back.runs) == len(s.runs) == 10
+
+
+def _in_flight(jobs: int, keep: int) -> State:
+    """``_filled``, and one attempt in flight (a record kept as a dict) in a job holding packed ones."""
+    s = _filled(jobs, keep)
+    slot = T0 + 10 * 60 * SEC
+    s.apply(encode_command(ClaimSlots(at_us=slot - 2 * SEC, leader="n1", term=1, claims=(
+        Claim(job="job-00003", slot_us=slot, trigger="schedule", node="n1"),))), ApplyContext(s.applied_index + 1))
+    assert len(s.runs._live) == 1
+    return s
+
+
+def _chunks(data: bytes) -> list[Any]:
+    import msgpack
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=msgpack.ExtType, max_buffer_size=0)
+    unpacker.feed(data)
+    return list(unpacker)
+
+
+@pytest.mark.parametrize("order", ["little", "big"])
+def test_version_4_holds_each_jobs_value_whole_and_restores_it_as_version_3_does(
+        order: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 4 lists a job's value as the table holds it. On a little-endian machine a restore
+    keeps those bytes; where the machine's order is big it makes the value again from the
+    records (``order``: this machine told it is big-endian, so the tokens and lengths go
+    through that path). Either way it is the state a version-3 snapshot restores to."""
+    assert SNAPSHOT_VERSION == 4
+    s = _in_flight(12, 3)
+    monkeypatch.setattr(sys, "byteorder", order)
+    data = s.snapshot_bytes()
+    runs = next(c for c in _chunks(data) if c[0] == "runs")[1]
+    assert len(runs) == 12 and all(type(value) is bytes for _, value, _, _ in runs)
+    assert [len(whole) for job, _, whole, _ in runs if job == "job-00003"] == [1]
+    if order == "little":
+        assert {job: value for job, value, _, _ in runs} == s.runs._jobs  # the values as the table holds them
+    back = State()
+    back.restore(data)
+    monkeypatch.setattr(sys, "byteorder", "little")
+    s.snapshot_version = 3
+    from_v3 = State()
+    from_v3.restore(s.snapshot_bytes())
+    for restored in (back, from_v3):
+        assert restored.runs._jobs == s.runs._jobs and restored.runs._live == s.runs._live
+        assert restored.runs == s.runs and restored.runs.status_counts() == s.runs.status_counts()
+    for version in (3, 4):
+        s.snapshot_version = back.snapshot_version = from_v3.snapshot_version = version
+        assert back.snapshot_bytes() == s.snapshot_bytes() == from_v3.snapshot_bytes()
+
+
+def test_version_4_packs_a_job_as_one_value_and_keeps_it_on_restore() -> None:
+    s = _filled(200, 4)
+    data = s.snapshot_bytes()
+    s.snapshot_version = 3
+    v3 = s.snapshot_bytes()
+    assert abs(len(data) - len(v3)) < 0.05 * len(v3), (len(data), len(v3))  # 4 bytes of length for msgpack's 2
+    back = State()
+    back.restore(data)
+    # Kept, not made again: each job's value in the restored table is the object unpacked.
+    assert all(back.runs._jobs[job] == value for job, value in s.runs._jobs.items())
+    assert back.snapshot_bytes() == data
+
+
+def _damaged_v4(damage: str) -> bytes:
+    from raftlog.codec import pack as pack_chunk
+    s = _in_flight(5, 2)
+    chunks = _chunks(s.snapshot_bytes())
+    assert chunks[0][1][0]["v"] == 4
+    runs = next(c for c in chunks if c[0] == "runs")[1]
+    index = next(c for c in chunks if c[0] == "runs_index")[1]
+    k = next(i for i, r in enumerate(runs) if r[2])  # the job with a record kept as a dict
+    job, value, whole, crc = runs[k]
+    n = int.from_bytes(value[:8], "little")
+    data_at = 8 + 12 * n
+
+    def put(i: int, job: str, value: bytes, whole: list[Any]) -> None:
+        runs[i] = [job, value, whole, _crc_value(job, value, whole)]  # a checksum that matches the damage
+
+    if damage == "a flipped bit":
+        runs[k] = [job, value[:-1] + bytes((value[-1] ^ 4,)), whole, crc]
+    elif damage == "a job's name changed":
+        runs[k] = [job[:-1] + "x", value, whole, crc]
+    elif damage == "a count past the value":
+        put(k, job, (n + 1000).to_bytes(8, "little") + value[8:], whole)
+    elif damage == "tokens out of order":
+        put(k, job, value[:8] + value[16:24] + value[8:16] + value[24:], whole)
+    elif damage == "lengths that miss the data":
+        put(k, job, value + b"\x00", whole)
+    elif damage == "an unknown status code":
+        put(k, job, value[:data_at] + bytes((200,)) + value[data_at + 1:], whole)
+    elif damage == "a packed claim":
+        put(k, job, value[:data_at] + bytes((RUN_STATUSES.index("claimed"),)) + value[data_at + 1:], whole)
+    elif damage == "a record kept whole left out":
+        put(k, job, value, [])
+    elif damage == "a record kept whole under another token":
+        put(k, job, value, [{**whole[0], "token": whole[0]["token"] + 1}])
+    elif damage == "not a record":
+        put(k, job, value, ["text"])
+    elif damage == "a job listed twice":
+        runs.append(runs[k])
+    elif damage == "not a value":
+        runs[k] = [job, "text", whole, crc]
+    elif damage == "a run under two jobs":
+        j = next(i for i, r in enumerate(runs) if i != k and int.from_bytes(r[1][:8], "little"))
+        other, ovalue = runs[j][0], runs[j][1]
+        put(j, other, ovalue[:16] + value[8:16] + ovalue[24:], runs[j][2])  # its second token: k's first
+    else:
+        toks, ords = index[0]
+        index[0] = [toks[:-8], ords[:-4]]
+    return b"".join(pack_chunk(c) for c in chunks)
+
+
+@pytest.mark.parametrize("damage", ["a flipped bit", "a job's name changed", "a count past the value",
+                                    "tokens out of order", "lengths that miss the data", "an unknown status code",
+                                    "a packed claim", "a record kept whole left out",
+                                    "a record kept whole under another token", "not a record", "a job listed twice",
+                                    "not a value", "a run under two jobs", "an index missing a run"])
+def test_a_damaged_version_4_run_is_refused_and_leaves_the_state_alone(damage: str) -> None:
+    bad = _damaged_v4(damage)
+    target = _filled(3, 1)
+    before = target.snapshot_bytes()
+    with pytest.raises(CodecError, match="bad run record"):
+        target.restore(bad)
+    assert target.snapshot_bytes() == before
 
 
 def test_jobs_without_runs_are_chunked_as_records_are() -> None:

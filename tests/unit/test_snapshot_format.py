@@ -23,6 +23,8 @@ V1_FIXTURE = Path(__file__).parent / "data" / "state-snapshot-v1.bin"
 V2_FIXTURE = Path(__file__).parent / "data" / "state-snapshot-v2.bin"
 """Written likewise by the release before version 3 (commit a2dc95a), whose default was 2:
 ``python tests/unit/data/make_v1_snapshot.py tests/unit/data/state-snapshot-v2.bin``."""
+V3_FIXTURE = Path(__file__).parent / "data" / "state-snapshot-v3.bin"
+"""Written likewise by the release before version 4 (commit ec87d1b), whose default was 3."""
 
 
 def templated(n: int, first: int = 0) -> tuple[dict[str, Any], ...]:
@@ -54,10 +56,10 @@ def fed(log: list[Command | bytes], version: int = SNAPSHOT_VERSION, start: int 
     return s
 
 
-@pytest.mark.parametrize("fixture", [V1_FIXTURE, V2_FIXTURE], ids=["version 1", "version 2"])
+@pytest.mark.parametrize("fixture", [V1_FIXTURE, V2_FIXTURE, V3_FIXTURE], ids=["version 1", "version 2", "version 3"])
 def test_a_snapshot_of_an_earlier_release_restores_to_the_state_this_release_builds(fixture: Path) -> None:
     old = fixture.read_bytes()
-    assert _iter_chunks(old)[0][1][0]["v"] == (1 if fixture == V1_FIXTURE else 2)
+    assert _iter_chunks(old)[0][1][0]["v"] == [V1_FIXTURE, V2_FIXTURE, V3_FIXTURE].index(fixture) + 1
     restored = State()
     restored.restore(old)
     built = fed(upgrade_log())
@@ -80,7 +82,11 @@ def test_version_2_is_still_written_byte_for_byte_as_the_earlier_release_wrote_i
     assert fed(upgrade_log(), version=2).snapshot_bytes() == V2_FIXTURE.read_bytes()
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+def test_version_3_is_still_written_byte_for_byte_as_the_earlier_release_wrote_it() -> None:
+    assert fed(upgrade_log(), version=3).snapshot_bytes() == V3_FIXTURE.read_bytes()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_restore_then_the_rest_of_the_log_equals_a_replay_of_the_whole_log(version: int) -> None:
     log = upgrade_log()
     whole = fed(log, version)
@@ -187,4 +193,4 @@ def _feed_one(s: State, cmd: Command, index: int) -> None:
 
 def test_an_unknown_snapshot_version_in_the_constructor_is_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_version"):
-        State(snapshot_version=4)
+        State(snapshot_version=5)

@@ -2,7 +2,7 @@
 test_snapshot_format.py) as a release packs it by default.
 
 Run in a checkout of such a release (commit 2b494c7 wrote the committed version-1 file, commit
-a2dc95a ``state-snapshot-v2.bin``) with this file
+a2dc95a ``state-snapshot-v2.bin``, commit ec87d1b ``state-snapshot-v3.bin``) with this file
 and ``test_snapshot_format.py`` copied into it at the same paths, from its top directory:
 ``PYTHONPATH=. python tests/unit/data/make_v1_snapshot.py [OUT]``. Its ``State`` then packs
 the log, which is built by the same commands as in this tree."""
