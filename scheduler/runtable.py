@@ -895,10 +895,11 @@ class Captured:
         and packed each record's bytes apart."""
         chunk: list[Any] = []
         held = 0
+        kept_whole = {run["job"] for run in self._live.values()}  # the jobs whose values hold a record by id
         for job, blob in self._jobs.items():
             n = int.from_bytes(blob[:_HEAD], _ORDER)
             whole: list[Any] = []
-            if n:
+            if n and job in kept_whole:
                 _, tokens, lens, _ = _open(blob)
                 if 0 in lens:
                     for i in range(n):

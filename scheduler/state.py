@@ -555,8 +555,8 @@ class _SharedSections:
         self.fresh: list[Any] = []  # tabled since the last chunk was packed
 
     def record(self, rec: dict[str, Any]) -> dict[str, Any]:
-        spec = rec["spec"]
-        return {**rec, "spec": {k: self._ref(v) if type(v) is dict else v for k, v in spec.items()}}
+        seen = self._by_id.get  # a section met before, looked up here: most are, and a call each cost a third
+        return {**rec, "spec": {k: (seen(id(v)) or self._ref(v)) if type(v) is dict else v for k, v in rec["spec"].items()}}
 
     def _ref(self, value: dict[str, Any]) -> Any:
         ref = self._by_id.get(id(value))
