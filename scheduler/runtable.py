@@ -729,7 +729,7 @@ class RunTable:
                 tokens = _unwire("q", value[_HEAD:_HEAD + 8 * n])
                 lens = _unwire("I", value[_HEAD + 8 * n:at])
             listed = tokens.tolist()
-            if sorted(set(listed)) != listed:
+            if listed[0] < 0 or sorted(set(listed)) != listed:
                 raise ValueError(f"job {job!r} lists its runs out of order")
             if sum(lens) != len(value) - at:
                 raise ValueError(f"job {job!r} holds {len(value) - at} bytes of runs where its lengths say {sum(lens)}")
@@ -744,6 +744,8 @@ class RunTable:
                 values: list[Any] = [value[o:o + size] if size else None
                                      for o, size in zip(accumulate(lens, initial=at), lens, strict=False)]
                 for i, run in zip(places, whole, strict=True):
+                    if type(run) is not dict:  # bytes here would be taken as packed, and never checked
+                        raise ValueError(f"run {run_id_of(tokens[i])} of job {job!r} is neither packed nor its record")
                     values[i] = run
                 self._load_dicts(job, tokens, values)
                 self._jobs[job] = _layout(array("q", tokens), values)

@@ -297,18 +297,20 @@ def test_ended_records_cost_a_fraction_of_a_dict_each() -> None:
     assert held / 20_000 < 110, held / 20_000
 
 
-def test_version_3_snapshots_keep_packed_records_as_they_are() -> None:
+@pytest.mark.parametrize("version", [3, 4])
+def test_versions_3_and_4_keep_packed_records_as_they_are(version: int) -> None:
     s = _filled(50, 4)
+    s.snapshot_version = version
     data = s.snapshot_bytes()
     s.snapshot_version = 2
     v2 = s.snapshot_bytes()
     assert len(data) < 0.6 * len(v2), (len(data), len(v2))
-    back = State()
+    back = State(snapshot_version=version)
     back.restore(data)
     assert back.snapshot_bytes() == data and back.runs == s.runs and back.job_runs == s.job_runs
     assert not back.runs._live  # every record ended: none kept as a dict
     assert back.runs._jobs == s.runs._jobs  # each job's value byte for byte as the applies made it
-    from_v2 = State()
+    from_v2 = State(snapshot_version=version)
     from_v2.restore(v2)
     assert from_v2.snapshot_bytes() == data
 
@@ -385,8 +387,12 @@ def test_a_damaged_version_3_run_is_refused_and_leaves_the_state_alone(damage: s
     assert target.snapshot_bytes() == before
 
 
-def test_a_job_with_more_runs_than_a_chunk_is_split_and_joined_again() -> None:
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_job_with_more_runs_than_a_chunk_is_split_and_joined_again(version: int) -> None:
+    """Version 3 splits such a job over chunks and a restore joins it again; version 4 lists
+    each job whole, one value."""
     s = _filled(2, 1)
+    s.snapshot_version = version
     table = RunTable()
     for name in s.jobs:  # the jobs the snapshot lists first (with no runs here)
         table.add_job(name)
@@ -395,17 +401,21 @@ def test_a_job_with_more_runs_than_a_chunk_is_split_and_joined_again() -> None:
     table[run_id_of(1 << 20)] = record(1 << 20, job="other", status="running")
     s.runs = table
     data = s.snapshot_bytes()
-    back = State()
+    listed = [item[0] for c in _chunks(data) if c[0] == "runs" for item in c[1]]
+    assert listed.count("many") == (3 if version == 3 else 1)
+    back = State(snapshot_version=version)
     back.restore(data)
     assert back.runs == table and back.snapshot_bytes() == data and back.runs._jobs == table._jobs
     assert back.runs._live == table._live and back.runs.status_counts() == table.status_counts()
 
 
-def test_a_job_holding_packed_records_and_one_in_flight_restores_to_the_value_the_applies_made() -> None:
-    """A restore joins a job's packed records straight into its value when all of them are packed,
-    and lays the value out record by record when one is kept as a dict: both give the bytes the
-    applies gave."""
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_job_holding_packed_records_and_one_in_flight_restores_to_the_value_the_applies_made(version: int) -> None:
+    """A restore takes a job's value whole when all its records are packed (version 3: joined
+    from them; 4: as listed), and lays the value out record by record when one is kept as a
+    dict: both give the bytes the applies gave."""
     s = _filled(5, 2)
+    s.snapshot_version = version
     slot = T0 + 10 * 60 * SEC
     s.apply(encode_command(ClaimSlots(at_us=slot - 2 * SEC, leader="n1", term=1, claims=(
         Claim(job="job-00003", slot_us=slot, trigger="schedule", node="n1"),))), ApplyContext(s.applied_index + 1))
@@ -433,25 +443,19 @@ def _chunks(data: bytes) -> list[Any]:
     return list(unpacker)
 
 
-@pytest.mark.parametrize("order", ["little", "big"])
-def test_version_4_holds_each_jobs_value_whole_and_restores_it_as_version_3_does(
-        order: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Version 4 lists a job's value as the table holds it. On a little-endian machine a restore
-    keeps those bytes; where the machine's order is big it makes the value again from the
-    records (``order``: this machine told it is big-endian, so the tokens and lengths go
-    through that path). Either way it is the state a version-3 snapshot restores to."""
+def test_version_4_holds_each_jobs_value_whole_and_restores_it_as_version_3_does() -> None:
+    """Version 4 lists a job's value as the table holds it, and the records it holds by id
+    beside it; a restore gives the state a version-3 snapshot restores to."""
     assert SNAPSHOT_VERSION == 4
     s = _in_flight(12, 3)
-    monkeypatch.setattr(sys, "byteorder", order)
     data = s.snapshot_bytes()
     runs = next(c for c in _chunks(data) if c[0] == "runs")[1]
     assert len(runs) == 12 and all(type(value) is bytes for _, value, _, _ in runs)
-    assert [len(whole) for job, _, whole, _ in runs if job == "job-00003"] == [1]
-    if order == "little":
+    assert [whole for job, _, whole, _ in runs if job == "job-00003"] == [list(s.runs._live.values())]
+    if sys.byteorder == "little":
         assert {job: value for job, value, _, _ in runs} == s.runs._jobs  # the values as the table holds them
     back = State()
     back.restore(data)
-    monkeypatch.setattr(sys, "byteorder", "little")
     s.snapshot_version = 3
     from_v3 = State()
     from_v3.restore(s.snapshot_bytes())
@@ -463,16 +467,23 @@ def test_version_4_holds_each_jobs_value_whole_and_restores_it_as_version_3_does
         assert back.snapshot_bytes() == s.snapshot_bytes() == from_v3.snapshot_bytes()
 
 
-def test_version_4_packs_a_job_as_one_value_and_keeps_it_on_restore() -> None:
-    s = _filled(200, 4)
+@pytest.mark.skipif(sys.byteorder != "little", reason="a value is kept as listed on little-endian machines only")
+def test_version_4_packs_a_job_as_one_value_and_keeps_it_on_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scheduler.runtable as runtable
+    s = _in_flight(200, 4)
     data = s.snapshot_bytes()
     s.snapshot_version = 3
     v3 = s.snapshot_bytes()
     assert abs(len(data) - len(v3)) < 0.05 * len(v3), (len(data), len(v3))  # 4 bytes of length for msgpack's 2
+    laid_out: list[int] = []
+    layout = runtable._layout
+    monkeypatch.setattr(runtable, "_layout", lambda tokens, values: laid_out.append(len(values)) or layout(tokens, values))
     back = State()
     back.restore(data)
-    # Kept, not made again: each job's value in the restored table is the object unpacked.
-    assert all(back.runs._jobs[job] == value for job, value in s.runs._jobs.items())
+    # Kept as listed, not made again, except the one job holding a record kept as a dict.
+    assert laid_out == [len(s.runs.ids_of("job-00003"))]
+    assert back.runs._jobs == s.runs._jobs
+    s.snapshot_version = 4
     assert back.snapshot_bytes() == data
 
 
@@ -511,6 +522,16 @@ def _damaged_v4(damage: str) -> bytes:
         put(k, job, value, [{**whole[0], "token": whole[0]["token"] + 1}])
     elif damage == "not a record":
         put(k, job, value, ["text"])
+    elif damage == "bytes kept whole":
+        put(k, job, value, [b"\x05\x00\x90"])  # would be taken as packed, its status never counted
+    elif damage == "a negative token":
+        put(k, job, value[:8] + (-5).to_bytes(8, "little", signed=True) + value[16:], whole)
+    elif damage == "a run packed short":
+        lens_at = 8 + 8 * n
+        first = int.from_bytes(value[lens_at:lens_at + 4], "little")
+        assert first >= 3
+        put(k, job, value[:lens_at] + (2).to_bytes(4, "little") + value[lens_at + 4:data_at + 2]
+            + value[data_at + first:], whole)
     elif damage == "a job listed twice":
         runs.append(runs[k])
     elif damage == "not a value":
@@ -525,17 +546,26 @@ def _damaged_v4(damage: str) -> bytes:
     return b"".join(pack_chunk(c) for c in chunks)
 
 
-@pytest.mark.parametrize("damage", ["a flipped bit", "a job's name changed", "a count past the value",
-                                    "tokens out of order", "lengths that miss the data", "an unknown status code",
-                                    "a packed claim", "a record kept whole left out",
-                                    "a record kept whole under another token", "not a record", "a job listed twice",
-                                    "not a value", "a run under two jobs", "an index missing a run"])
-def test_a_damaged_version_4_run_is_refused_and_leaves_the_state_alone(damage: str) -> None:
+@pytest.mark.parametrize(("damage", "refusal"), [
+    ("a flipped bit", "fail their checksum"), ("a job's name changed", "fail their checksum"),
+    ("a count past the value", "lists 1002 runs in a value of"), ("tokens out of order", "lists its runs out of order"),
+    ("a negative token", "lists its runs out of order"),
+    ("lengths that miss the data", "bytes of runs where its lengths say"),
+    ("an unknown status code", "packed with an unknown status"), ("a packed claim", "packed with an unknown status"),
+    ("a run packed short", "holds a run packed short"),
+    ("a record kept whole left out", "lists 0 records kept whole for 1 places"),
+    ("a record kept whole under another token", "is neither packed nor its record"),
+    ("not a record", "is neither packed nor its record"), ("bytes kept whole", "is neither packed nor its record"),
+    ("a job listed twice", "is listed twice"), ("not a value", "listed as str, str, list, int"),
+    ("a run under two jobs", "does not list the runs of job 'job-00000'"),
+    ("an index missing a run", "the run index lists 9 runs for 10 records")])
+def test_a_damaged_version_4_run_is_refused_and_leaves_the_state_alone(damage: str, refusal: str) -> None:
     bad = _damaged_v4(damage)
     target = _filled(3, 1)
     before = target.snapshot_bytes()
-    with pytest.raises(CodecError, match="bad run record"):
+    with pytest.raises(CodecError, match="bad run record") as refused:
         target.restore(bad)
+    assert refusal in str(refused.value)
     assert target.snapshot_bytes() == before
 
 
