@@ -39,6 +39,11 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
             self._rc_owner._journal_failed(journal.failed)
             time.sleep(max(timeToWait, 0.05))
             return
+        # Nor may a node whose snapshot its state machine refused (see RaftNode._deserialize).
+        if self._rc_owner._restore_failed is not None:
+            self._rc_owner._restore_refused()
+            time.sleep(max(timeToWait, 0.05))
+            return
         # Behind pre-vote's gate: pysyncobj's election check is at the top of its tick.
         prevote = self._rc_owner._prevote
         if prevote is None:

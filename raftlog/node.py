@@ -232,6 +232,8 @@ class RaftNode:
         self._space = Space(config.data_dir, config.min_free)
         self._last_space_check = 0.0
         self._fatal: OSError | None = None  # the journal's failed sync, once there was one
+        self._restore_failed: Exception | None = None  # a snapshot the state machine refused to restore
+        self.refused_ticks = 0  # ticks sat out since then (see _Host._onTick)
         config.data_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------
@@ -338,6 +340,8 @@ class RaftNode:
     # ---- apply path (raft thread) ----------------------------------------
 
     def _apply(self, payload: bytes, index: int) -> Any:
+        if self._restore_failed is not None:
+            return None  # on top of a state that is not the snapshot's, nothing is applied
         ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
         try:
             result = self._fsm.apply(payload, ctx)
@@ -379,8 +383,15 @@ class RaftNode:
         # a node restarted from a snapshot then counted itself among its peers, needed three
         # votes of four to win an election and could not be elected by one other survivor.
         cluster = [member for member in cluster if member != self.config.raft_addr]
-        with quiet_restore():
-            self._fsm.restore(fsm_bytes)
+        try:
+            with quiet_restore():
+                self._fsm.restore(fsm_bytes)
+        except Exception as exc:
+            # pysyncobj logs this and goes on with the journal alone: the entries after the
+            # snapshot applied without the state before it. This node sits raft out instead.
+            self._restore_failed = exc
+            self._restore_refused()
+            raise
         log.info("state restored from snapshot at index %d", last[1])
         if self._on_restored is not None:
             try:
@@ -556,6 +567,15 @@ class RaftNode:
         if host._SyncObj__raftElectionDeadline < floor:
             host._SyncObj__raftElectionDeadline = floor
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
+
+    def _restore_refused(self) -> None:
+        """Called by the raft thread, every tick, once the state machine refused a snapshot."""
+        self.refused_ticks += 1
+        if self.refused_ticks == 1:
+            log.critical("the state machine could not restore the snapshot in %s (%s): running on the journal "
+                         "alone would drop the snapshot's state, so this node takes no part in raft; start the "
+                         "release that wrote the snapshot, or empty the data directory so the node rejoins from "
+                         "its peers", self.config.data_dir, self._restore_failed)
 
     def _journal_failed(self, exc: OSError) -> None:
         """Called by the raft thread, every tick, once the journal failed to sync."""

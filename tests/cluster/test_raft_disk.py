@@ -40,6 +40,27 @@ def test_an_unreadable_snapshot_stops_the_start(tmp_path: Path, content: bytes) 
         node.stop()
 
 
+def test_a_snapshot_its_state_machine_refuses_keeps_the_node_out_of_raft(tmp_path: Path) -> None:
+    """A whole snapshot whose state the state machine cannot restore (a damaged body, or a
+    version this build does not read, as after a downgrade): pysyncobj logs the failure and goes
+    on with the journal alone. Here the node applies nothing and takes no part in raft. (Seen
+    with a release that reads snapshot versions 1-3 started on a version-4 dump: a single node
+    led with none of its jobs.)"""
+    write_snapshot(str(tmp_path / "raft.dump"), iter([b"\xc1"]),  # 0xc1: a byte msgpack never uses
+                   {"last": [b"", 5, 1], "prev": [b"", 4, 1], "cluster": []}, fsync=False)
+    node = RaftNode(NodeConfig(raft_addr=f"127.0.0.1:{free_ports(1)[0]}", peers=(), data_dir=tmp_path,
+                               secret="s"), KV())
+    node.start()
+    try:
+        # A single node elects itself within election_max (1 s) of its start; sitting out 40
+        # ticks, each a pause of at least 50 ms, covers twice that.
+        wait_for("the node sitting raft out", lambda: getattr(node, "refused_ticks", 0) >= 40, 60)
+        assert not node.is_leader()
+        assert node._fsm.data == {}  # type: ignore[attr-defined]
+    finally:
+        node.stop()
+
+
 async def test_a_failed_journal_sync_acknowledges_nothing_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     node = RaftNode(NodeConfig(raft_addr=f"127.0.0.1:{free_ports(1)[0]}", peers=(), data_dir=tmp_path,
                                secret="s"), KV())
