@@ -4,6 +4,7 @@ here is listed in ``pysyncobj_names``."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -88,8 +89,19 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         self._SyncObj__raftCurrentTerm = term
         self._SyncObj__votedForNodeId = votedForNodeId
 
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802, N803 - pysyncobj's names
+        super()._SyncObj__loadDumpFile(clearJournal)
+        if self._rc_owner._restore_failed is not None:
+            # The rest of this tick still runs (the election check comes after the load at
+            # start): no election from this node, then _onTick sits out every tick after.
+            self._SyncObj__raftElectionDeadline = math.inf
+
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,  # noqa: N802, N803
                                   success: bool = False) -> None:
+        if self._rc_owner._restore_failed is not None:
+            # Nothing more is acknowledged, the snapshot it failed to install least of all
+            # (pysyncobj answers success after a load it logged as failed).
+            return
         # A follower's answer to AppendEntries: the entries it acknowledges must be on disk
         # before it leaves (appends inside one message are synced once, see _Pacer.inbound).
         journal = self._rc_owner._journal

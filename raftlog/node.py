@@ -377,21 +377,21 @@ class RaftNode:
             self._host.forceLogCompaction()
 
     def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
-        fsm_bytes, last, prev, cluster = read_snapshot(path)
+        try:
+            fsm_bytes, last, prev, cluster = read_snapshot(path)
+            with quiet_restore():
+                self._fsm.restore(fsm_bytes)
+        except Exception as exc:
+            # pysyncobj logs this and goes on taking part in raft (and leading) without the
+            # snapshot's state. This node sits raft out instead (_Host: from the failed load on).
+            self._restore_failed = exc
+            self._restore_refused()
+            raise
         # The snapshot names every member, this node included, as an address. pysyncobj drops
         # its own node from that list by comparing Node objects, which never equal our strings:
         # a node restarted from a snapshot then counted itself among its peers, needed three
         # votes of four to win an election and could not be elected by one other survivor.
         cluster = [member for member in cluster if member != self.config.raft_addr]
-        try:
-            with quiet_restore():
-                self._fsm.restore(fsm_bytes)
-        except Exception as exc:
-            # pysyncobj logs this and goes on with the journal alone: the entries after the
-            # snapshot applied without the state before it. This node sits raft out instead.
-            self._restore_failed = exc
-            self._restore_refused()
-            raise
         log.info("state restored from snapshot at index %d", last[1])
         if self._on_restored is not None:
             try:
@@ -441,7 +441,7 @@ class RaftNode:
 
     def is_leader(self) -> bool:
         host = self._host
-        return host is not None and host._isLeader()
+        return host is not None and self._restore_failed is None and host._isLeader()
 
     def leader_contact_age(self) -> float:
         """Seconds since this node last knew it was in touch with a leader that has a quorum.
@@ -466,6 +466,10 @@ class RaftNode:
         """Runs on the raft thread: the only place pysyncobj's dicts are read safely."""
         host = self._host
         if host is None:
+            return
+        if self._restore_failed is not None:  # sitting raft out: the status says so for good
+            if self._journal is not None:
+                self._journal.sync()
             return
         if self._pacer is None:  # made here: it subscribes to the raft thread's poller
             self._pacer = self._make_pacer(host)
@@ -569,9 +573,16 @@ class RaftNode:
         log.debug("raft tick took %.0f ms; election deadline moved past it", gap * 1000)
 
     def _restore_refused(self) -> None:
-        """Called by the raft thread, every tick, once the state machine refused a snapshot."""
+        """Called by the raft thread once the state machine refused a snapshot, then at every
+        tick it sits out (``refused_ticks`` counts the calls)."""
         self.refused_ticks += 1
         if self.refused_ticks == 1:
+            # No more ticks refresh the status: from now on it says what holds for good.
+            with self._status_lock:
+                cached = self._cached or NodeStatus(
+                    raft_addr=self.config.raft_addr, state="refused", leader=None, term=0, commit_index=0,
+                    applied_index=0, has_quorum=False, raft_thread_alive=True)
+                self._cached = replace(cached, state="refused", leader=None, has_quorum=False, caught_up=False)
             log.critical("the state machine could not restore the snapshot in %s (%s): running on the journal "
                          "alone would drop the snapshot's state, so this node takes no part in raft; start the "
                          "release that wrote the snapshot, or empty the data directory so the node rejoins from "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from pathlib import Path
 
 import msgpack
@@ -40,22 +41,32 @@ def test_an_unreadable_snapshot_stops_the_start(tmp_path: Path, content: bytes) 
         node.stop()
 
 
-def test_a_snapshot_its_state_machine_refuses_keeps_the_node_out_of_raft(tmp_path: Path) -> None:
+class _SlowToRefuse(KV):
+    def restore(self, data: bytes) -> None:
+        time.sleep(1.2)  # past the election deadline pysyncobj set at its start (0.4-1.0 s)
+        super().restore(data)
+
+
+@pytest.mark.parametrize("fsm", [KV, _SlowToRefuse], ids=["refused at once", "refused after 1.2 s"])
+def test_a_snapshot_its_state_machine_refuses_keeps_the_node_out_of_raft(tmp_path: Path, fsm: type[KV]) -> None:
     """A whole snapshot whose state the state machine cannot restore (a damaged body, or a
     version this build does not read, as after a downgrade): pysyncobj logs the failure and goes
-    on with the journal alone. Here the node applies nothing and takes no part in raft. (Seen
-    with a release that reads snapshot versions 1-3 started on a version-4 dump: a single node
-    led with none of its jobs.)"""
+    on taking part in raft without the snapshot's state. (Seen with a release that reads
+    snapshot versions 1-3 started on a version-4 dump: a single node led with none of its
+    jobs.) Here the node holds no election, leads never and says so in its status, whenever in
+    its first tick the refusal comes: the election check follows the load in that tick."""
     write_snapshot(str(tmp_path / "raft.dump"), iter([b"\xc1"]),  # 0xc1: a byte msgpack never uses
                    {"last": [b"", 5, 1], "prev": [b"", 4, 1], "cluster": []}, fsync=False)
     node = RaftNode(NodeConfig(raft_addr=f"127.0.0.1:{free_ports(1)[0]}", peers=(), data_dir=tmp_path,
-                               secret="s"), KV())
+                               secret="s"), fsm())
     node.start()
     try:
-        # A single node elects itself within election_max (1 s) of its start; sitting out 40
-        # ticks, each a pause of at least 50 ms, covers twice that.
+        # Ticks sat out, each a pause of at least 50 ms: 40 of them are twice election_max (1 s).
         wait_for("the node sitting raft out", lambda: getattr(node, "refused_ticks", 0) >= 40, 60)
+        status = node.status()
+        assert (status.state, status.leader, status.caught_up) == ("refused", None, False)
         assert not node.is_leader()
+        assert node._host is not None and not node._host._isLeader()  # raft's own role, not only ours
         assert node._fsm.data == {}  # type: ignore[attr-defined]
     finally:
         node.stop()

@@ -267,7 +267,7 @@ def test_a_followers_batch_is_synced_once_and_before_its_answer(tmp_path: Path, 
                         lambda self, node, reset=False, nextNodeIdx=None, success=False:
                         answers.append((len(syncs), nextNodeIdx, journal._rc_dirty)))
     follower = object.__new__(_Host)  # only the answer path of the real class
-    follower._rc_owner = SimpleNamespace(_journal=journal)
+    follower._rc_owner = SimpleNamespace(_journal=journal, _restore_failed=None)
 
     class Follower(FakeHost):
         def _SyncObj__onMessageReceived(self, node: str, message: Any) -> None:  # noqa: N802

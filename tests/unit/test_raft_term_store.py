@@ -45,7 +45,7 @@ def disk() -> Disk:
 def leader(tmp_path: Path, disk: Disk) -> Iterator[tuple[_Host, list[dict[str, Any]]]]:
     """A leader of term 3 with two peers that never answer; what it sends is recorded, never sent."""
     me, *peers = (f"127.0.0.1:{port}" for port in free_ports(3))
-    owner = types.SimpleNamespace(_journal=None, _pacer=None, _prevote=None)
+    owner = types.SimpleNamespace(_journal=None, _pacer=None, _prevote=None, _restore_failed=None)
     conf = SyncObjConf(autoTick=False, journalFile=str(tmp_path / "raft.journal"), bindAddress=me)
     with journal_factory(True):
         host = _Host(owner, me, peers, conf)  # type: ignore[arg-type]
