@@ -404,7 +404,7 @@ class RaftNode:
 
     def submit(self, payload: bytes, callback: SubmitCallback) -> None:
         host = self._host
-        if host is None:
+        if host is None or self._restore_failed is not None:  # the second: no tick will ever send it
             callback(None, FAIL_REASON.MISSING_LEADER)
             return
 

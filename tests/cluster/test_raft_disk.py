@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from pysyncobj import FAIL_REASON
 
 from raftlog import Bridge, CodecError, NodeConfig, RaftNode, SubmitError
 from raftlog.journal import _DurableJournal
@@ -68,6 +69,9 @@ def test_a_snapshot_its_state_machine_refuses_keeps_the_node_out_of_raft(tmp_pat
         assert not node.is_leader()
         assert node._host is not None and not node._host._isLeader()  # raft's own role, not only ours
         assert node._fsm.data == {}  # type: ignore[attr-defined]
+        answers: list[int] = []
+        node.submit(b"a=1", lambda _result, err: answers.append(err))
+        assert answers == [FAIL_REASON.MISSING_LEADER]  # at once: no tick would ever send it
     finally:
         node.stop()
 
