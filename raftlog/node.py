@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +47,7 @@ from typing import Any
 from pysyncobj import SyncObjConf
 from pysyncobj.config import FAIL_REASON
 
-from .clock import ClockEstimate, ClockSync, TimeSource, relative_to
+from .clock import ClockEstimate, ClockSync, TimeSource, raft_clock, relative_to
 from .codec import CodecError
 from .fsm import ApplyContext, StateMachine
 from .heap import quiet_restore
@@ -213,7 +212,7 @@ class RaftNode:
         self._snap = SnapshotWriter(fsm, config.fsync)
         self._weight = 0  # entries applied since the last snapshot began, each as heavy as its fsm says
         self._snaps_seen = 0
-        self._leaderless_since: float | None = time.monotonic()
+        self._leaderless_since: float | None = raft_clock()
         self._last_state = "follower"
         self._last_leader: str | None = None
         self._last_term: int | None = None  # None: on_role not called yet
@@ -223,7 +222,7 @@ class RaftNode:
         # The other members as the raft thread last saw them (membership changes at run time);
         # None until its first keepalive tick. See peers_apply.
         self._others: frozenset[str] | None = None
-        self._last_tick = time.monotonic()
+        self._last_tick = raft_clock()
         self._pacer: _Pacer | None = None
         self._prevote: PreVote | None = None  # made with the pacer; see raftlog.prevote
         self._contact = 0.0  # see leader_contact_age
@@ -453,7 +452,7 @@ class RaftNode:
         from any thread.
         """
         at = self._contact
-        return time.monotonic() - at if at else math.inf
+        return raft_clock() - at if at else math.inf
 
     def leader(self) -> str | None:
         host = self._host
@@ -483,7 +482,7 @@ class RaftNode:
         st = host.getStatus()
         state = _STATES.get(st["state"], "unknown")
         leader = None if st["leader"] is None else str(st["leader"].id)
-        now = time.monotonic()
+        now = raft_clock()
         if leader is None:
             if self._leaderless_since is None:
                 self._leaderless_since = now
@@ -562,7 +561,7 @@ class RaftNode:
         the socket unread, so the deadline is pushed out by that timeout first: the
         next poll reads them, or a dead leader is found out one timeout later.
         """
-        now = time.monotonic()
+        now = raft_clock()
         gap = now - self._last_tick
         self._last_tick = now
         if gap < self.config.election_min / 2 or host._isLeader():
@@ -601,7 +600,7 @@ class RaftNode:
         otherwise wait for a commit that never comes (seen: writes through a follower answered
         504 for as long as the leader's disk stayed full). As a follower it still cannot store
         entries, so its log falls behind and it wins no election until space returns."""
-        now = time.monotonic()
+        now = raft_clock()
         if now - self._last_space_check < 1.0:
             return
         self._last_space_check = now
@@ -621,7 +620,7 @@ class RaftNode:
 
     def _keepalive(self, host: _Host) -> None:
         """Every ``keepalive`` seconds: see ``transport.send_keepalives``."""
-        now = time.monotonic()
+        now = raft_clock()
         if now - self._last_keepalive < self.config.keepalive:
             return
         self._last_keepalive = now

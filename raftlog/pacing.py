@@ -9,13 +9,12 @@ private name used here is listed in ``pysyncobj_names``.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj.pipe_notifier import PipeNotifier
 
-from .clock import CLOCK_REQUEST, CLOCK_RESPONSE, ClockSync
+from .clock import CLOCK_REQUEST, CLOCK_RESPONSE, ClockSync, raft_clock
 from .journal import _DurableJournal
 from .prevote import PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVote
 from .transport import BATCH, KEEPALIVE
@@ -168,7 +167,7 @@ class _Pacer:
     def _note_leader(self, node: Any) -> None:
         # After delivery pysyncobj has taken the sender as its leader, or refused a stale one.
         if self._host._SyncObj__raftLeader == node:
-            self.heard_leader = time.monotonic()
+            self.heard_leader = raft_clock()
 
     def _trim(self, message: dict[str, Any]) -> dict[str, Any]:
         entries = message["entries"]
@@ -202,7 +201,7 @@ def _contact_at(host: Any, pacer: _Pacer) -> float:
         return pacer.heard_leader
     others = list(host.otherNodes)
     if not others:
-        return time.monotonic()
+        return raft_clock()
     answered = host._SyncObj__lastResponseTime
     times = sorted((answered.get(n, 0.0) for n in others), reverse=True)
     return float(times[(len(others) + 1) // 2 - 1])

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable
 from typing import Any
+
+from .clock import raft_clock
 
 __all__ = ["PREVOTE_REQUEST", "PREVOTE_RESPONSE", "PreVote"]
 
@@ -58,7 +59,7 @@ class PreVote:
 
     def __init__(self, host: Any, *, election_min: float, election_max: float,
                  heard_leader: Callable[[], float], send: Callable[[Any, Any], Any], asks: bool = True,
-                 monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 monotonic: Callable[[], float] = raft_clock, rng: random.Random | None = None) -> None:
         self._host = host
         self.asks = asks  # False: answer peers, but elect as pysyncobj does (an older release)
         self._min = election_min

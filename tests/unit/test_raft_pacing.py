@@ -4,13 +4,13 @@ sends, and the stall excuse."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from raftlog.clock import raft_clock
 from raftlog.node import NodeConfig, RaftNode
 from raftlog.pacing import _Pacer
 
@@ -179,7 +179,7 @@ def test_a_followers_own_long_tick_pushes_its_election_deadline_past_it(
     node = RaftNode(NodeConfig(raft_addr="127.0.0.1:1", peers=(), data_dir=tmp_path, secret="s", election_min=0.4),
                     fsm=None)  # type: ignore[arg-type]
     host = FakeHost(entries(1, 1, 1), leader=leader)
-    before = time.monotonic()
+    before = raft_clock()  # pysyncobj stamps its deadline on its own clock
     host._SyncObj__raftElectionDeadline = before - 0.1  # would start an election on the next tick
     node._last_tick = before - gap
     node._excuse_own_stall(host)  # type: ignore[arg-type]
@@ -375,7 +375,7 @@ def test_leader_contact_age_as_a_follower_and_as_a_leader(tmp_path: Path) -> Non
     assert age() >= 30
 
     host.leader = True  # a leader of three counts the fresher of its two followers' answers
-    now = time.monotonic()
+    now = raft_clock()  # pysyncobj stamps its followers' answers on its own clock
     host._SyncObj__lastResponseTime = {"b": now - 40, "c": now - 2}
     assert 2 <= age() < 3
     host._SyncObj__lastResponseTime = {"b": now - 40, "c": now - 50}
