@@ -52,7 +52,7 @@ class _Pacer:
         self._prevote = prevote  # takes pre-vote's messages (see raftlog.prevote)
         self._notifier = PipeNotifier(host._poller, callback=self._woken)
         self._wake_pending = False
-        self.heard_leader = 0.0  # monotonic time of the last AppendEntries taken from the leader
+        self.heard_leader = 0.0  # raft_clock time of the last AppendEntries taken from the leader
         self._sent_commit = 0
         self._forwarded = False  # a follower forwarded a command since the last tick
         self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
@@ -194,9 +194,9 @@ class _Pacer:
 
 
 def _contact_at(host: Any, pacer: _Pacer) -> float:
-    """The monotonic time this node was last in touch with a leader that has a quorum (see
-    ``RaftNode.leader_contact_age``); 0.0 for never. Raft thread only: it reads pysyncobj's
-    own dicts."""
+    """When (on ``raft_clock``, pysyncobj's clock) this node was last in touch with a leader
+    that has a quorum (see ``RaftNode.leader_contact_age``); 0.0 for never. Raft thread only:
+    it reads pysyncobj's own dicts."""
     if not host._isLeader():
         return pacer.heard_leader
     others = list(host.otherNodes)

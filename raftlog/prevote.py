@@ -51,7 +51,7 @@ PREVOTE_RESPONSE = "rc_prevote_resp"
 class PreVote:
     """The pre-vote gate in front of pysyncobj's elections, and the answers to peers' asks.
 
-    ``host`` is the SyncObj; ``heard_leader`` returns the monotonic time this node last
+    ``host`` is the SyncObj; ``heard_leader`` returns the time (``raft_clock``) this node last
     took an AppendEntries from its leader (0.0 for never); ``send(node, message)`` puts
     a message on the raft link to ``node``. Raft thread only, except ``peers``, which
     status readers copy.
@@ -72,7 +72,7 @@ class PreVote:
         self._proposed = 0  # the term the round in progress asks for; 0: no round
         self._granted: set[str] = set()
         self._cleared = False  # a majority said yes: the expired deadline starts pysyncobj's election
-        self._stale_leader = 0.0  # monotonic time an AppendEntries came at a term below ours
+        self._stale_leader = 0.0  # when (raft_clock) an AppendEntries came at a term below ours
         # Counters, for status and tests: rounds asked, rounds a majority granted, elections let through.
         self.rounds = 0
         self.won = 0
