@@ -319,6 +319,18 @@ def _crc_value(job: str, value: bytes, whole: list[Any]) -> int:
     return crc
 
 
+def _job_item(item: Any, form: str) -> tuple[str, bytes, list[Any], int]:
+    """A job's entry of a ``runs`` chunk (versions 3 and 4), checked for its shape: a name,
+    bytes, a list and a checksum; ``form`` names the four in the refusal."""
+    if len(item) != 4:
+        raise ValueError(f"a job's runs are not listed as {form}")
+    job, data, values, crc = item
+    if type(job) is not str or type(data) is not bytes or type(values) is not list or type(crc) is not int:
+        raise ValueError(f"a job's runs are listed as {type(job).__name__}, {type(data).__name__}, "
+                         f"{type(values).__name__}, {type(crc).__name__}")
+    return job, data, values, crc
+
+
 class RunTable:
     """``Store.runs``: run id -> record, as a mapping (``get``, ``[]``, ``in``, ``len``, iteration
     in token order), with the per-job views the ledger and the API read (``ids_of``,
@@ -632,12 +644,7 @@ class RunTable:
         otherwise show only when it is read, and one in a name would move runs to another job). A packed value is checked for its two leading bytes, and unpacked when read;
         ``load_index`` then lists the jobs of the tokens."""
         for item in items:
-            if len(item) != 4:
-                raise ValueError("a job's runs are not listed as job, tokens, values and checksum")
-            job, raw, values, crc = item
-            if type(job) is not str or type(raw) is not bytes or type(values) is not list or type(crc) is not int:
-                raise ValueError(f"a job's runs are listed as {type(job).__name__}, {type(raw).__name__}, "
-                                 f"{type(values).__name__}, {type(crc).__name__}")
+            job, raw, values, crc = _job_item(item, "job, tokens, values and checksum")
             if len(raw) % 8 or len(raw) // 8 != len(values):
                 raise ValueError(f"job {job!r} lists {len(raw) // 8} tokens for {len(values)} runs")
             # Every value packed (nearly every job, as a snapshot lists them): joined once, and that
@@ -703,12 +710,7 @@ class RunTable:
         unpacked when read; ``load_index`` then lists the jobs of the tokens."""
         little = sys.byteorder == "little"
         for item in items:
-            if len(item) != 4:
-                raise ValueError("a job's runs are not listed as job, value, records kept whole and checksum")
-            job, value, whole, crc = item
-            if type(job) is not str or type(value) is not bytes or type(whole) is not list or type(crc) is not int:
-                raise ValueError(f"a job's runs are listed as {type(job).__name__}, {type(value).__name__}, "
-                                 f"{type(whole).__name__}, {type(crc).__name__}")
+            job, value, whole, crc = _job_item(item, "job, value, records kept whole and checksum")
             if _crc_value(job, value, whole) != crc:
                 raise ValueError(f"the runs of job {job!r} fail their checksum")
             job = sys.intern(job)
