@@ -475,64 +475,75 @@ class State(Store):
             )
         # Into a fresh state, taken over whole at the end: bytes found corrupt half-way leave
         # this state as it was, as when the whole snapshot was unpacked before the first change.
-        fresh = State(self.snapshot_version)
-        fresh.applied_index = meta["applied_index"]
-        fresh.last_noop = meta.get("last_noop") or {}
-        fresh.alert_seq = int(meta.get("alert_seq", 0))
-        fresh.history_sweep_us = int(meta.get("history_sweep_us", 0))  # absent from older snapshots
-        sets: dict[str, dict[str, None]] = {"active": fresh.active, "dead": fresh.dead}
-        maps: dict[str, dict[str, Any]] = {
-            "jobs": fresh.jobs, "nodes": fresh.nodes,
-            "pending_deps": fresh.pending_deps, "alerts": fresh.alerts,
-            "clocks": fresh.clocks,  # absent from snapshots older than the section
-        }
-        ended = False
-        listed: list[str] = []  # version 3: the jobs in the order the runs section lists them
-        for name, items in chunks:
-            if ended:
-                raise CodecError(f"state snapshot goes on after its end (a {name!r} chunk)")
-            if name == "end":
-                ended = True
-            elif name == "shared":
-                table.extend(items)  # before the first chunk that refers to them
-            elif name in maps:
-                maps[name].update(items)
-                if name == "jobs":
-                    for job, _ in items:  # the table lists jobs in the order they were created
-                        fresh.runs.add_job(job)
-            elif name in ("runs", "runs_index"):
-                try:
-                    if version < 3:
-                        fresh.runs.load(items)
-                    elif name == "runs":
-                        for item in items:  # each job in order, once (a job split over chunks: at their seam)
-                            if isinstance(item, tuple) and item and type(item[0]) is str and (not listed or listed[-1] != item[0]):
-                                listed.append(sys.intern(item[0]))
-                        if version >= 4:
-                            fresh.runs.load_values(items)
+        # A malformed value anywhere (a name that is a list, a chunk item that is no pair, a field
+        # of the wrong type) is refused as corrupt like damaged bytes, whatever Python raised on it.
+        try:
+            fresh = State(self.snapshot_version)
+            fresh.applied_index = meta["applied_index"]
+            fresh.last_noop = meta.get("last_noop") or {}
+            fresh.alert_seq = int(meta.get("alert_seq", 0))
+            fresh.history_sweep_us = int(meta.get("history_sweep_us", 0))  # absent from older snapshots
+            sets: dict[str, dict[str, None]] = {"active": fresh.active, "dead": fresh.dead}
+            maps: dict[str, dict[str, Any]] = {
+                "jobs": fresh.jobs, "nodes": fresh.nodes,
+                "pending_deps": fresh.pending_deps, "alerts": fresh.alerts,
+                "clocks": fresh.clocks,  # absent from snapshots older than the section
+            }
+            ended = False
+            listed: list[str] = []  # version 3: the jobs in the order the runs section lists them
+            for name, items in chunks:
+                if ended:
+                    raise CodecError(f"state snapshot goes on after its end (a {name!r} chunk)")
+                if name == "end":
+                    ended = True
+                elif name == "shared":
+                    table.extend(items)  # before the first chunk that refers to them
+                elif name in maps:
+                    maps[name].update(items)
+                    if name == "jobs":
+                        for job, _ in items:  # the table lists jobs in the order they were created
+                            fresh.runs.add_job(job)
+                elif name in ("runs", "runs_index"):
+                    try:
+                        if version < 3:
+                            fresh.runs.load(items)
+                        elif name == "runs":
+                            for item in items:  # each job in order, once (a job split over chunks: at their seam)
+                                if isinstance(item, tuple) and item and type(item[0]) is str and (not listed or listed[-1] != item[0]):
+                                    listed.append(sys.intern(item[0]))
+                            if version >= 4:
+                                fresh.runs.load_values(items)
+                            else:
+                                fresh.runs.load_jobs(items)
                         else:
-                            fresh.runs.load_jobs(items)
-                    else:
-                        fresh.runs.load_index(items, listed)
-                except (ValueError, TypeError, KeyError, OverflowError) as exc:
+                            fresh.runs.load_index(items, listed)
+                    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+                        raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
+                elif name == "job_runs":
+                    for job, ids in items:  # derived from the runs: checked, not loaded
+                        fresh.runs.add_job(job)
+                        if list(ids) != fresh.runs.ids_of(job):
+                            raise CodecError(f"state snapshot lists runs of job {job!r} its records do not hold")
+                elif name == "notes":
+                    fresh.notes.update((k, tuple(v)) for k, v in items)
+                elif name in sets:
+                    sets[name].update(dict.fromkeys(items))
+            if version >= 2 and not ended:
+                raise CodecError("state snapshot is cut short: it has no end chunk")
+            if version >= 3:
+                try:
+                    fresh.runs.check()
+                except ValueError as exc:
                     raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
-            elif name == "job_runs":
-                for job, ids in items:  # derived from the runs: checked, not loaded
-                    fresh.runs.add_job(job)
-                    if list(ids) != fresh.runs.ids_of(job):
-                        raise CodecError(f"state snapshot lists runs of job {job!r} its records do not hold")
-            elif name == "notes":
-                fresh.notes.update((k, tuple(v)) for k, v in items)
-            elif name in sets:
-                sets[name].update(dict.fromkeys(items))
-        if version >= 2 and not ended:
-            raise CodecError("state snapshot is cut short: it has no end chunk")
-        if version >= 3:
-            try:
-                fresh.runs.check()
-            except ValueError as exc:
-                raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
-        fresh.reindex()
+            for job, rec in fresh.jobs.items():  # what every reader of a job record indexes
+                if type(job) is not str or type(rec) is not dict or type(rec.get("spec")) is not dict \
+                        or not _JOB_FIELDS <= rec.keys():
+                    raise CodecError(f"state snapshot holds a malformed record of job {job!r}")
+            fresh.reindex()
+        except CodecError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            raise CodecError(f"state snapshot is malformed: {type(exc).__name__}: {exc}") from exc
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 
 
@@ -577,6 +588,10 @@ class _SharedSections:
 _SLOT_FIELDS = ("schedule", "timezone", "starts_at", "ends_at", "paused")
 """Fields of the job document that decide which slots the job has: an edit of one starts a new
 schedule at the edit's instant (``spec_since_us``)."""
+_JOB_FIELDS = frozenset(("spec", "version", "created_us", "updated_us", "last_slot_us", "consecutive_failures",
+                         "missed_total"))
+"""The fields of a job record that every snapshot version holds and a restore checks are there."""
+
 _PLACEMENT_FIELDS = ("executor", "target", "concurrency")
 """Fields that decide where, and whether beside another attempt, a claimed slot may run."""
 
@@ -643,7 +658,7 @@ def _unpack_sections(data: bytes, table: list[Any]) -> Iterator[tuple[str, list[
             end = unpacker.tell()
             name, items = item
             yield name, [tuple(x) if isinstance(x, list) and name in _PAIRS else x for x in items]
-    except (msgpack.UnpackException, ValueError) as exc:
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:  # TypeError: a map keyed by a list
         raise CodecError(f"state snapshot is corrupt: {exc}") from exc
     if end != len(data):
         # The unpacker waits for the rest of a chunk cut short: without this, a restore would
