@@ -18,6 +18,11 @@ Each form is measured in a process of its own, so its RSS is its own:
   against ``round_full_s`` on the state that applied everything);
 - reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
 
+Each process sets the collector as an agent does (``raftlog.heap``: its thresholds, and a freeze
+after a slow full collection), and restores as an agent's raft node does (``quiet_restore``),
+from the measured tree (``agent_heap`` in the JSON: false for a tree older than them, measured
+with the interpreter's defaults; runs before 2026-12-07 used those defaults for every tree).
+
 The JSON records the allocator settings the processes inherit (``PYTHONMALLOC``, ``MALLOC_*``,
 ``GLIBC_TUNABLES``), as ``bench.scale`` does for its agents. ``--snapshots`` also takes snapshots
 while the records fill, as an agent does: once the entries applied since the last weigh
@@ -41,6 +46,7 @@ The JSON goes to bench/results/history.json (``--ab NAME``: also bench/ab/NAME.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -134,12 +140,27 @@ class _Snapshots:
             self.path.unlink(missing_ok=True)
 
 
+def _as_an_agent() -> tuple[Callable[[], Any], bool]:
+    """The measured tree's collector settings, set as an agent sets them at its start
+    (``tune_collector``, ``FreezeAfterSlowCollections``), and the context its raft node restores a
+    snapshot in (``quiet_restore``: the collector paused, what was built frozen, the C heap
+    trimmed); for a tree older than those, the interpreter's defaults and a bare restore."""
+    try:
+        from raftlog.heap import FreezeAfterSlowCollections, quiet_restore, tune_collector
+    except ImportError:
+        return contextlib.nullcontext, False
+    tune_collector()
+    FreezeAfterSlowCollections().install()
+    return quiet_restore, True
+
+
 def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = False) -> dict[str, Any]:
     """One measure in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
     from raftlog.fsm import ApplyContext
     from scheduler.commands import PutJobs, RegisterNode, encode_command
     from scheduler.state import State
 
+    restoring, agent_heap = _as_an_agent()
     s = State()
     index = 0
     snaps = _Snapshots(s, Path(os.environ.get("TMPDIR", "/tmp")) / f"history-snapshots-{os.getpid()}.bin") if snapshots else None
@@ -157,7 +178,8 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         gc.collect()
         before = rss_mb()
         t0 = time.perf_counter()
-        s.restore(data)
+        with restoring():
+            s.restore(data)
         took = time.perf_counter() - t0
         del data
         gc.collect()
@@ -166,7 +188,7 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         index = s.applied_index
         replay = _round(apply, sorted(s.jobs), keep + 2)
         return {"restore_s": took, "rss_restored_mb": rss_restored, "rss_before_restore_mb": before,
-                "records": len(s.runs), "round_after_restore_s": replay}
+                "records": len(s.runs), "round_after_restore_s": replay, "agent_heap": agent_heap}
 
     apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
     names = [f"job-{i:07d}" for i in range(jobs)]
@@ -210,7 +232,7 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
         "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
-        "snapshots_taken": taken, "snapshots_packed_bytes": packed,
+        "snapshots_taken": taken, "snapshots_packed_bytes": packed, "agent_heap": agent_heap,
     }
 
 
