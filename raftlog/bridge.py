@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,6 +53,14 @@ def _error_for(code: int) -> SubmitError:
     if code in _NOT_COMMITTED:
         return NotCommitted(name, f"not committed: {name.lower().replace('_', ' ')}")
     return UnknownOutcome(name, f"outcome unknown: {name.lower().replace('_', ' ')}")
+
+
+DRAIN_BUDGET = 0.01
+"""Seconds of calls one turn of the loop runs before it lets the loop go on to what else is
+ready (a request come in, a socket to read) and takes the rest at its next turn. A drain that
+ran every call queued, and every call the raft thread posted while it ran, held the loop that
+long: the entries of a busy raft thread (a claim or a result of a thousand runs each) kept the
+API's answers waiting behind them."""
 
 
 class Relay:
@@ -93,12 +102,19 @@ class Relay:
         # this drain or finds no drain pending and schedules the next one.
         self._pending = False
         calls = self._calls
+        until = time.perf_counter() + DRAIN_BUDGET
         while calls:
             fn, args = calls.popleft()
             try:
                 fn(*args)
             except Exception:  # noqa: BLE001 - one failing call must not strand the ones after it
                 log.exception("call from the raft thread failed: %r", fn)
+            if calls and time.perf_counter() > until:
+                # The rest at the loop's next turn, still in order: a drain the raft thread
+                # schedules meanwhile (it saw none pending) takes from the same queue.
+                self._pending = True
+                self._loop.call_soon(self._drain)
+                return
 
 
 class Proposer(Protocol):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from raftlog.bridge import Relay
+from raftlog.bridge import DRAIN_BUDGET, Relay
 
 
 async def test_calls_from_another_thread_run_in_order_with_few_wake_ups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,3 +72,26 @@ async def test_the_backlog_and_its_peak_are_counted() -> None:
     assert seen == list(range(7))
     relay.post(seen.append, 7)
     assert (relay.queued, relay.peak) == (1, 7)  # the peak is the most ever queued at once
+
+
+async def test_a_long_backlog_is_taken_over_several_turns_of_the_loop() -> None:
+    """A drain ran every queued call in one go, and the loop (the API's requests) waited for all
+    of them; now it lets the loop turn once ``DRAIN_BUDGET`` is spent, and goes on after."""
+    loop = asyncio.get_running_loop()
+    relay = Relay(loop)
+    seen: list[int] = []
+    at_turn: list[int] = []
+
+    def slow(i: int) -> None:
+        time.sleep(DRAIN_BUDGET / 2)  # at least that long: two or three of these spend a budget
+        seen.append(i)
+
+    for i in range(10):
+        relay.post(slow, i)
+    loop.call_soon(lambda: at_turn.append(len(seen)))  # ready after the drain the posts scheduled
+    for _ in range(200):
+        if len(seen) == 10:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == list(range(10))
+    assert at_turn and at_turn[0] < 10, at_turn
