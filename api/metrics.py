@@ -54,7 +54,6 @@ from scheduler.commands import (
 )
 from scheduler.runs import RUN_STATUSES, RunStatus, Trigger
 from scheduler.state import Applied, State
-from scheduler.store import copied
 
 __all__ = ["CONTENT_TYPE", "LATENESS_BUCKETS", "MAX_JOB_SERIES", "OTHER_JOBS", "JobSeries", "Metrics", "WorkerGauges"]
 
@@ -413,7 +412,7 @@ class _ScrapeCollector:
             ledger.add_metric((status,), by_status.get(status, 0))
         yield ledger
         jobs = GaugeMetricFamily(PREFIX + "jobs", "Jobs in the store, by status", labels=("status",))
-        paused = sum(1 for rec in copied(state.jobs).values() if rec["spec"].get("paused"))
+        paused = len(state.paused_jobs())
         jobs.add_metric(("active",), len(state.jobs) - paused)
         jobs.add_metric(("paused",), paused)
         yield jobs

@@ -68,6 +68,7 @@ class Store:
         # ``reindex`` builds them for records filled in whole (a restore).
         self._names: list[str] = []  # every job name, sorted
         self._failing: dict[str, None] = {}  # jobs whose consecutive_failures > 0
+        self._paused: dict[str, None] = {}  # jobs whose document says paused
         self.history_sweep_us = 0  # the instant from which the next applied entry sweeps aged history
 
     @property
@@ -120,6 +121,10 @@ class Store:
             self._parsed.pop(name, None)
         else:
             self._parsed[name] = (rec["spec"], job)
+        if rec is not None and rec["spec"].get("paused"):
+            self._paused[name] = None
+        else:
+            self._paused.pop(name, None)
 
     def active_runs(self) -> list[RunRecord]:
         """The records of the attempts in flight (claimed, running, or waiting for a retry)."""
@@ -153,11 +158,12 @@ class Store:
         return self._aged
 
     def reindex(self) -> None:
-        """Build the name and failing indexes from the records, filled in whole (a restore): at
+        """Build the name, failing and paused indexes from the records, filled in whole (a restore): at
         restore, not at the first request that reads them (sorting 100,000 names took ~30 ms of
         the first job list after a restart)."""
         self._names = sorted(self.jobs)
         self._failing = {name: None for name, rec in self.jobs.items() if rec["consecutive_failures"]}
+        self._paused = {name: None for name, rec in self.jobs.items() if rec["spec"].get("paused")}
 
     def job_names(self) -> list[str]:
         """Every job name in sorted order, kept in step by ``job_stored`` and ``job_deleted``
@@ -187,6 +193,14 @@ class Store:
         thread copy it."""
         return self._failing
 
+    def paused_jobs(self) -> dict[str, None]:
+        """Jobs whose document says ``paused``, in no set order, kept in step by ``spec_changed``
+        (every stored, paused, resumed or deleted document passes there) and built by ``reindex``.
+        A scrape of ``/metrics`` counted them over every job: ~20 ms of the event loop at 100,000
+        jobs in-process, 0.3 s in an agent while run records filled. Readers on another thread
+        take its length or copy it."""
+        return self._paused
+
     def put_record(self, name: str, rec: dict[str, Any]) -> None:
         """Store a job's record that may change ``consecutive_failures`` (the ledger's writes)."""
         self.jobs[name] = rec
@@ -198,6 +212,7 @@ class Store:
     def job_deleted(self, name: str) -> None:
         self._dependents = None
         self._failing.pop(name, None)
+        self._paused.pop(name, None)
         names = self._names
         i = bisect.bisect_left(names, name)
         if i < len(names) and names[i] == name:

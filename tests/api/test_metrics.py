@@ -27,8 +27,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.agent import Agent, AgentConfig
 from api.metrics import DURATION_BUCKETS, MAX_JOB_SERIES, OTHER_JOBS, JobSeries, Metrics
+from raftlog.fsm import ApplyContext
 from raftlog.node import NodeStatus
-from scheduler.commands import Claim, ClaimSlots, DeleteJob, ExpireRuns, FinishRuns, Noop
+from scheduler.commands import (
+    Claim,
+    ClaimSlots,
+    DeleteJob,
+    ExpireRuns,
+    FinishRuns,
+    Noop,
+    PauseJob,
+    PutJobs,
+    encode_command,
+)
 from scheduler.runs import RUN_STATUSES
 from scheduler.state import Applied, State
 
@@ -389,3 +400,19 @@ def test_a_scrape_of_two_thousand_jobs_series_is_a_few_dozen_calls_a_job() -> No
         sys.setprofile(None)
     assert text.count('raftcron_run_duration_seconds_count{job="job-') == 2000
     assert calls < 100 * 2000, calls
+
+
+def test_the_jobs_gauge_counts_paused_jobs_from_the_index() -> None:
+    state = State()
+    for i, cmd in enumerate([
+        PutJobs(at_us=0, specs=tuple({"name": f"j{k}", "schedule": "@hourly", "executor": "http",
+                                      "http": {"url": "http://sink.test/x"}, "paused": k == 1} for k in range(3))),
+        PauseJob(at_us=1, name="j2", paused=True),
+        PauseJob(at_us=2, name="j1", paused=False),
+        DeleteJob(at_us=3, name="j0"),
+    ], start=1):
+        state.apply(encode_command(cmd), ApplyContext(index=i))
+    status = NodeStatus(raft_addr="a", state="leader", leader="a", term=1, commit_index=4, applied_index=4,
+                        has_quorum=True, raft_thread_alive=True)
+    fam = _samples(Metrics(node_id="n1", state=state, raft=lambda: status).render().decode())["raftcron_jobs"]
+    assert _value(fam, "raftcron_jobs", status="paused") == 1 and _value(fam, "raftcron_jobs", status="active") == 1
