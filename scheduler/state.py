@@ -535,11 +535,7 @@ class State(Store):
                     fresh.runs.check()
                 except ValueError as exc:
                     raise CodecError(f"state snapshot holds a bad run record: {exc}") from exc
-            for job, rec in fresh.jobs.items():  # what every reader of a job record indexes
-                if type(job) is not str or type(rec) is not dict or type(rec.get("spec")) is not dict \
-                        or not _JOB_FIELDS <= rec.keys():
-                    raise CodecError(f"state snapshot holds a malformed record of job {job!r}")
-            fresh.reindex()
+            fresh.reindex()  # and checks each job record
         except CodecError:
             raise
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
@@ -588,10 +584,6 @@ class _SharedSections:
 _SLOT_FIELDS = ("schedule", "timezone", "starts_at", "ends_at", "paused")
 """Fields of the job document that decide which slots the job has: an edit of one starts a new
 schedule at the edit's instant (``spec_since_us``)."""
-_JOB_FIELDS = frozenset(("spec", "version", "created_us", "updated_us", "last_slot_us", "consecutive_failures",
-                         "missed_total"))
-"""The fields of a job record that every snapshot version holds and a restore checks are there."""
-
 _PLACEMENT_FIELDS = ("executor", "target", "concurrency")
 """Fields that decide where, and whether beside another attempt, a claimed slot may run."""
 

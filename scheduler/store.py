@@ -16,9 +16,12 @@ from .model import Job, Policy, parse_job, stored_policy
 from .runs import RunRecord
 from .runtable import JobRuns, RunTable
 
-__all__ = ["Store"]
+__all__ = ["JOB_FIELDS", "Store"]
 
 NOTES_KEPT = 200  # explain notes kept per job
+JOB_FIELDS = frozenset(("spec", "version", "created_us", "updated_us", "last_slot_us", "consecutive_failures",
+                        "missed_total"))
+"""The fields every job record holds, in every snapshot version: what its readers index."""
 
 
 _K = TypeVar("_K")
@@ -158,12 +161,27 @@ class Store:
         return self._aged
 
     def reindex(self) -> None:
-        """Build the name, failing and paused indexes from the records, filled in whole (a restore): at
+        """Check that every record holds ``JOB_FIELDS`` (a ``ValueError`` names the first that does
+        not), and build the name, failing and paused indexes from the records, filled in whole (a restore): at
         restore, not at the first request that reads them (sorting 100,000 names took ~30 ms of
         the first job list after a restart)."""
         self._names = sorted(self.jobs)
-        self._failing = {name: None for name, rec in self.jobs.items() if rec["consecutive_failures"]}
-        self._paused = {name: None for name, rec in self.jobs.items() if rec["spec"].get("paused")}
+        failing: dict[str, None] = {}
+        paused: dict[str, None] = {}
+        for name, rec in self.jobs.items():  # one pass: ~40 ms at 100,000 restored jobs (the indexes alone ~15)
+            try:
+                if type(name) is not str:
+                    raise TypeError("its name is not a string")
+                spec, failures, _, _, _, _, _ = (rec["spec"], rec["consecutive_failures"], rec["version"],
+                                                 rec["created_us"], rec["updated_us"], rec["last_slot_us"],
+                                                 rec["missed_total"])  # JOB_FIELDS, each there
+                if spec.get("paused"):
+                    paused[name] = None
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(f"the record of job {name!r} is malformed ({type(exc).__name__}: {exc})") from exc
+            if failures:
+                failing[name] = None
+        self._failing, self._paused = failing, paused
 
     def job_names(self) -> list[str]:
         """Every job name in sorted order, kept in step by ``job_stored`` and ``job_deleted``
