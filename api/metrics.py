@@ -413,7 +413,7 @@ class _ScrapeCollector:
         yield ledger
         jobs = GaugeMetricFamily(PREFIX + "jobs", "Jobs in the store, by status", labels=("status",))
         paused = len(state.paused_jobs())
-        jobs.add_metric(("active",), len(state.jobs) - paused)
+        jobs.add_metric(("active",), max(0, len(state.jobs) - paused))  # two reads while the raft thread writes
         jobs.add_metric(("paused",), paused)
         yield jobs
         yield _gauge("leader_unplanned_jobs", "On the leader, jobs whose next slot it has not planned yet since "

@@ -475,14 +475,20 @@ class State(Store):
             )
         # Into a fresh state, taken over whole at the end: bytes found corrupt half-way leave
         # this state as it was, as when the whole snapshot was unpacked before the first change.
-        # A malformed value anywhere (a name that is a list, a chunk item that is no pair, a field
-        # of the wrong type) is refused as corrupt like damaged bytes, whatever Python raised on it.
+        # A malformed value anywhere (a name that is a list, a chunk item that is no pair, a meta
+        # field of the wrong type, a job record missing a field) is refused as corrupt like damaged
+        # bytes, whatever Python raised on it. (The types of a job record's fields are not checked.)
         try:
             fresh = State(self.snapshot_version)
             fresh.applied_index = meta["applied_index"]
             fresh.last_noop = meta.get("last_noop") or {}
-            fresh.alert_seq = int(meta.get("alert_seq", 0))
-            fresh.history_sweep_us = int(meta.get("history_sweep_us", 0))  # absent from older snapshots
+            fresh.alert_seq = meta.get("alert_seq", 0)
+            fresh.history_sweep_us = meta.get("history_sweep_us", 0)  # absent from older snapshots
+            for field in ("applied_index", "alert_seq", "history_sweep_us"):
+                if type(getattr(fresh, field)) is not int:
+                    raise CodecError(f"state snapshot holds a meta {field} that is no integer")
+            if type(fresh.last_noop) is not dict:
+                raise CodecError("state snapshot holds a meta last_noop that is no map")
             sets: dict[str, dict[str, None]] = {"active": fresh.active, "dead": fresh.dead}
             maps: dict[str, dict[str, Any]] = {
                 "jobs": fresh.jobs, "nodes": fresh.nodes,
@@ -538,7 +544,7 @@ class State(Store):
             fresh.reindex()  # and checks each job record
         except CodecError:
             raise
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
             raise CodecError(f"state snapshot is malformed: {type(exc).__name__}: {exc}") from exc
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 

@@ -43,7 +43,7 @@ def test_the_paused_index_follows_every_write_and_a_restore() -> None:
             case 2:
                 apply(PauseJob(at_us=at, name=name, paused=rng.random() < 0.6, note="by hand"))
             case 3:
-                apply(PutJob(at_us=at, spec=_job(name, description=f"edit {step}")))  # keeps what it says of paused
+                apply(PutJob(at_us=at, spec=_job(name, description=f"edit {step}")))  # no paused: resumes it
             case _:
                 apply(DeleteJob(at_us=at, name=name))
         assert set(s.paused_jobs()) == _paused_by_walk(s), step

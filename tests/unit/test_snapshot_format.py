@@ -184,6 +184,12 @@ def _malformed(damage: str, chunks: list[Any]) -> list[Any]:
         del section["meta"][0]["applied_index"]
     elif damage == "a counter that is text":
         section["meta"][0]["alert_seq"] = "many"
+    elif damage == "a counter that is infinite":
+        section["meta"][0]["history_sweep_us"] = float("inf")
+    elif damage == "an applied index that is text":
+        section["meta"][0]["applied_index"] = "12"
+    elif damage == "a last barrier that is a number":
+        section["meta"][0]["last_noop"] = 5
     elif damage == "a dead letter that is a map":
         section["dead"].append({"id": "r1"})
     elif damage == "a job's notes that are a number":
@@ -199,6 +205,8 @@ def _malformed(damage: str, chunks: list[Any]) -> list[Any]:
 
 @pytest.mark.parametrize("damage", ["a job named by a list", "a job listed with three values",
                                     "meta without the applied index", "a counter that is text",
+                                    "a counter that is infinite", "an applied index that is text",
+                                    "a last barrier that is a number",
                                     "a dead letter that is a map", "a job's notes that are a number",
                                     "a job record that is a number", "a job record without its document",
                                     "a job record without its version", "a map keyed by a list"])
