@@ -19,7 +19,10 @@ Three kinds of source, each read where it is safe to:
   cluster charts (``GET /v1/cluster/history``).
 
 Every method here runs on the event loop, takes no lock a raft thread holds for
-long and does no I/O.
+long and does no I/O, but ``render``, which ``GET /metrics`` runs on a thread of its own: it
+reads what the loop and the raft thread change meanwhile as each of them reads the other's
+(lengths, copies of tables taken in one step, counters whose next increment may or may not be
+in a scrape).
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ class JobSeries:
         expiries: list[str] = [_header(_EXPIRIES_NAME, _EXPIRIES_HELP, "counter")]
         durations: list[str] = [_header(_DURATIONS_NAME, _DURATIONS_HELP, "histogram")]
         statuses = tuple(_STATUS_AT.items())
-        for job, row in self._rows.items():
+        for job, row in list(self._rows.items()):  # the loop adds rows while a scrape's thread reads
             label = f'{{job="{_label_value(job)}"'
             for status, i in statuses:
                 if row[i]:
