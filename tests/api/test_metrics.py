@@ -388,18 +388,8 @@ def test_a_scrape_of_two_thousand_jobs_series_is_a_few_dozen_calls_a_job() -> No
         for k in range(5):
             m.jobs.run(f"job-{j:05d}", "succeeded")
             m.run_finished(f"job-{j:05d}", "succeeded", 0.05 * k)
-    calls = 0
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if event in ("call", "c_call"):
-            calls += 1
-
-    sys.setprofile(count)
-    try:
-        text = m.render().decode()
-    finally:
-        sys.setprofile(None)
+    calls = _calls_to_render(m)
+    text = m.render().decode()
     assert text.count('raftcron_run_duration_seconds_count{job="job-') == 2000
     assert calls < 100 * 2000, calls
 

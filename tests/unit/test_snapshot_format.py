@@ -134,6 +134,15 @@ def test_a_section_too_large_to_table_is_written_in_place() -> None:
     assert back.snapshot_bytes() == s.snapshot_bytes()
 
 
+def _refused_leaving_the_state_alone(data: bytes) -> None:
+    target = fed(upgrade_log())
+    before = target.snapshot_bytes()
+    with pytest.raises(CodecError):
+        target.restore(data)
+    assert target.snapshot_bytes() == before
+    assert vars_of(target) == vars_of(fed(upgrade_log()))
+
+
 def _iter_chunks(data: bytes) -> list[Any]:
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=msgpack.ExtType, max_buffer_size=0)
     unpacker.feed(data)
@@ -164,12 +173,7 @@ def test_a_damaged_version_2_snapshot_is_refused_and_leaves_the_state_alone(dama
         source.snapshot_version = 1
         whole = source.snapshot_bytes()
         data = whole[: whole.rindex(b"\xa6alerts") + 3]  # inside the name of the last chunk but one
-    target = fed(upgrade_log())
-    before = target.snapshot_bytes()
-    with pytest.raises(CodecError):
-        target.restore(data)
-    assert target.snapshot_bytes() == before
-    assert vars_of(target) == vars_of(fed(upgrade_log()))
+    _refused_leaving_the_state_alone(data)
 
 
 def _malformed(damage: str, chunks: list[Any]) -> list[Any]:
@@ -221,12 +225,7 @@ def test_a_malformed_snapshot_is_refused_as_corrupt_and_leaves_the_state_alone(d
         data = b"".join(pack(c) for c in chunks[:-1]) + raw + pack(chunks[-1])
     else:
         data = b"".join(pack(c) for c in _malformed(damage, chunks))
-    target = fed(upgrade_log())
-    before = target.snapshot_bytes()
-    with pytest.raises(CodecError):
-        target.restore(data)
-    assert target.snapshot_bytes() == before
-    assert vars_of(target) == vars_of(fed(upgrade_log()))
+    _refused_leaving_the_state_alone(data)
 
 
 def test_restored_documents_stay_equal_to_what_the_api_stored_after_an_edit() -> None:
