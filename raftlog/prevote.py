@@ -19,7 +19,13 @@ Mixed releases: a node announces ``prevote`` in its keepalive (``transport.KEEPA
 and is asked only by peers that heard it. A peer that did not announce it is
 counted as a yes: an older release would vote in the real election anyway, and
 counting it as a no could leave a cluster mid-upgrade unable to elect. A node with
-no peer that reads pre-vote therefore elects as pysyncobj always did.
+no peer that reads pre-vote therefore elects as pysyncobj always did. Only once it has
+been up for ``silent_after`` seconds (a few keepalive rounds past the longest election
+timeout), though: a node just started has heard no one's keepalive yet, and counting
+its peers silent then let a restarted follower elect 1 s after its start, before the
+live leader's first AppendEntries reached it; its higher term deposed that leader
+(seen in the kill -9 fault test: three elections in a row where there should have
+been none).
 
 One way out: a node whose term got ahead of a live leader's (it elected before it
 heard its peers announce pre-vote, say) ignores that leader's AppendEntries and
@@ -59,7 +65,8 @@ class PreVote:
 
     def __init__(self, host: Any, *, election_min: float, election_max: float,
                  heard_leader: Callable[[], float], send: Callable[[Any, Any], Any], asks: bool = True,
-                 monotonic: Callable[[], float] = raft_clock, rng: random.Random | None = None) -> None:
+                 silent_after: float = 2.5, monotonic: Callable[[], float] = raft_clock,
+                 rng: random.Random | None = None) -> None:
         self._host = host
         self.asks = asks  # False: answer peers, but elect as pysyncobj does (an older release)
         self._min = election_min
@@ -68,6 +75,7 @@ class PreVote:
         self._send = send
         self._now = monotonic
         self._rng = rng or random.Random()
+        self._silent_from = monotonic() + silent_after  # from then on, a peer that never announced pre-vote is a yes
         self.peers: set[str] = set()  # ids of the peers that announced they read pre-vote
         self._proposed = 0  # the term the round in progress asks for; 0: no round
         self._granted: set[str] = set()
@@ -137,9 +145,11 @@ class PreVote:
             self.elections += 1
             return None
         asked = [n for n in others if n.id in self.peers and host.isNodeConnected(n)]
-        if not asked or self._majority(others, set()):
+        if self._majority(others, set()):
             self.elections += 1  # no peer reads pre-vote, or those that do not are enough
             return None
+        if not asked:
+            return deadline  # just started: no peer has announced itself yet (see the module docstring)
         return self._start_round(host, asked, now)
 
     def note_append_entries(self, term: int) -> None:
@@ -164,8 +174,9 @@ class PreVote:
         return deadline
 
     def _majority(self, others: list[Any], granted: set[str]) -> bool:
-        # This node, the peers that cannot be asked (see the module docstring), and the yeses.
-        silent = sum(1 for n in others if n.id not in self.peers)
+        # This node, the peers that cannot be asked once it has been up a while (see the module
+        # docstring), and the yeses.
+        silent = sum(1 for n in others if n.id not in self.peers) if self._now() >= self._silent_from else 0
         return 1 + silent + len(granted) > (len(others) + 1) / 2
 
     def _end_round(self) -> None:

@@ -71,6 +71,7 @@ START_SLICE = 5000
 """Jobs a new leader's first pass (which of them have a next slot an earlier leader recorded)
 reads between two turns of the event loop. The pass over 100,000 jobs in one go took ~0.2-0.4 s
 in-process, during which the node that had just been elected answered nothing."""
+NOT_PLANNING_SAY = 5.0  # seconds a leader may plan nothing (no planning instant) before it says why, and between sayings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,11 +132,15 @@ class LeaderConfig:
 
 class LeaderLoop:
     def __init__(self, service: Service, clock: Clock, cfg: LeaderConfig, live: Callable[[], set[str]],
-                 now_us: Callable[[], int | None] | None = None) -> None:
+                 now_us: Callable[[], int | None] | None = None, not_planning: Callable[[], str] | None = None) -> None:
         """``now_us``: the instant to plan by (``SkewWatch.planning_now_us``), None while it is not
-        known yet; nothing is planned then. Default: this node's wall clock."""
+        known yet; nothing is planned then. Default: this node's wall clock. ``not_planning``:
+        why it is None (``SkewWatch.not_planning``), logged when that lasts."""
         self.svc = service
         self._plan_now = now_us or service.now_us
+        self._not_planning = not_planning
+        self._unplanning_since: float | None = None  # since when (monotonic) no planning instant was known
+        self._unplanning_said = float("-inf")
         self.state = service.state
         self.clock = clock
         self.cfg = cfg
@@ -233,6 +238,18 @@ class LeaderLoop:
                 await asyncio.gather(sending, return_exceptions=True)
         log.info("leader loop for term %d stopped: this node no longer leads in that term", term)
 
+    def _note_unplanning(self, mono: float) -> None:
+        """A tick with no instant to plan by. Normal for the first tick or two of a leadership; a
+        leader that plans nothing for longer says so, and why: its jobs' slots wait meanwhile."""
+        if self._unplanning_since is None:
+            self._unplanning_since = mono
+            return
+        waited = mono - self._unplanning_since
+        if waited >= NOT_PLANNING_SAY and mono - self._unplanning_said >= NOT_PLANNING_SAY:
+            self._unplanning_said = mono
+            why = self._not_planning() if self._not_planning is not None else "no planning instant"
+            log.warning("this leader has planned nothing for %.0fs: %s", waited, why)
+
     def unplanned(self) -> int:
         """Jobs whose next decision this leader does not know yet: every job until the loop
         has begun, then those its ticks have not planned (0: every job's next slot is known)."""
@@ -305,10 +322,15 @@ class LeaderLoop:
 
     async def _tick(self, led_since: float) -> None:
         planned_now = self._plan_now()
-        if planned_now is None:
-            return  # the clocks are not judged yet: a leader with a far clock must not plan by it
-        now = planned_now
         mono = self.clock.monotonic()
+        if planned_now is None:
+            self._note_unplanning(mono)
+            return  # the clocks are not judged yet: a leader with a far clock must not plan by it
+        if self._unplanning_since is not None:
+            if mono - self._unplanning_since >= NOT_PLANNING_SAY:
+                log.info("planning again, after %.0fs without a planning instant", mono - self._unplanning_since)
+            self._unplanning_since = None
+        now = planned_now
         names = self._take_dirty()
         while self._heap and self._heap[0][0] <= now and len(names) < self.cfg.max_jobs_per_tick:
             names.add(heapq.heappop(self._heap)[1])

@@ -49,6 +49,14 @@ __all__ = ["RuntimeConfig", "SchedulerRuntime"]
 log = logging.getLogger("raftcron.runtime")
 
 
+def _say_if_failed(task: asyncio.Task[Any]) -> None:
+    """A leader's side task (alerts, the clock judge) that ended on an error, in the log: it is
+    not restarted within the leadership, and nothing else would tell."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s stopped on an error for the rest of this leadership: %s: %s", task.get_name(),
+                  type(exc).__name__, exc, exc_info=exc)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeConfig:
     node_id: str
@@ -208,6 +216,8 @@ class SchedulerRuntime:
         skew = SkewWatch(service, self.clock, self.live, self.cfg.max_clock_skew)
         loop = asyncio.get_running_loop()
         side = [loop.create_task(sender.run(), name="alert-sender"), loop.create_task(skew.run(), name="clock-skew")]
+        for task in side:
+            task.add_done_callback(_say_if_failed)
         try:
             await self._supervise(service, term, skew)
         finally:
@@ -218,7 +228,8 @@ class SchedulerRuntime:
     async def _supervise(self, service: Service, term: int, skew: SkewWatch) -> None:
         backoff = self.cfg.restart_first
         while service.node.is_leader() and service.node.status().term == term:
-            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), skew.live, skew.planning_now_us)
+            self.leader = LeaderLoop(service, self.clock, self.cfg.leader_config(), skew.live, skew.planning_now_us,
+                                     skew.not_planning)
             began = self.clock.monotonic()
             try:
                 # The loop decides when this leadership is over (it ends on a new term too).

@@ -330,6 +330,21 @@ class SkewWatch:
         lead = _recorded_lead(self.state.clocks, self.svc.node_id)
         return None if lead is None else now - lead[0]
 
+    def not_planning(self) -> str:
+        """Why ``planning_now_us`` is None now, in words for the log."""
+        term = self.svc.node.status().term
+        if self._guard is None:
+            return (f"this term's barrier is not applied here yet (term {term}; the last barrier applied is of term "
+                    f"{self.state.last_noop.get('term')})")
+        verdict = self._verdict
+        if verdict is None:
+            return "the clocks are not judged: this node knows no leader"
+        own = verdict.leader
+        if own is not None and own.skewed:
+            return (f"this leader's clock is judged skewed ({own.reason}) and the lead it plans by is not recorded "
+                    f"yet (its clock record: {self.state.clocks.get(self.svc.node_id)})")
+        return "a planning instant is known now"
+
     async def run(self) -> None:
         node = self.svc.node
         term = node.status().term

@@ -108,7 +108,7 @@ def lowest_follower(cluster: Cluster, timeout: float = 90.0) -> Node:
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    how: str  # cut | pause
+    how: str  # cut | pause | restart
     leader_before: str
     term_before: int
     leader_after: str
@@ -131,8 +131,8 @@ class Round:
 
 def take_away(cluster: Cluster, follower: Node, how: str, seconds: float = CUT_SECONDS,
               settle_timeout: float = SETTLE_TIMEOUT) -> Round:
-    """Cut (``how="cut"``) or SIGSTOP (``"pause"``) ``follower`` for ``seconds``, give it back,
-    and wait until the cluster agrees on a leader again; the terms before and after say
+    """Cut (``how="cut"``) or SIGSTOP (``"pause"``) ``follower`` for ``seconds``, or kill -9 it and
+    start it again at once (``"restart"``), give it back, and wait until the cluster agrees on a leader again; the terms before and after say
     whether it took an election."""
     leader_before, term_before = wait_for("the cluster to agree before the round", lambda: agreed(cluster),
                                           settle_timeout)
@@ -157,6 +157,9 @@ def take_away(cluster: Cluster, follower: Node, how: str, seconds: float = CUT_S
             time.sleep(seconds)  # the fault's length itself
         finally:
             follower.resume()
+    elif how == "restart":
+        follower.kill9()
+        follower.start()  # at once: its journal holds the term it had, and it has heard no one yet
     else:
         raise ValueError(f"unknown way to take a follower away: {how!r}")
     healed = time.monotonic()

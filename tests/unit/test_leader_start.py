@@ -1,10 +1,14 @@
-"""A new leader's first pass over every job: which of them have a next slot an earlier leader
-recorded. At 100,000 jobs it took ~0.2-0.4 s in one go, during which the node that had just
-been elected answered nothing; now it reads ``START_SLICE`` jobs between turns of the loop."""
+"""A new leader's first steps. Its first pass over every job (which of them have a next slot an
+earlier leader recorded): at 100,000 jobs it took ~0.2-0.4 s in one go, during which the node
+that had just been elected answered nothing; now it reads ``START_SLICE`` jobs between turns of
+the loop. And a leader with no instant to plan by (its clocks not judged yet) says so when
+that lasts: it planned nothing and logged nothing before."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,8 +16,8 @@ import pytest
 import scheduler.leader as leader_module
 from scheduler.commands import PutJobs
 from scheduler.instants import us
-from scheduler.leader import LeaderConfig, LeaderLoop
-from tests.unit.test_skew import JOB, LOCAL0, _settle, _setup
+from scheduler.leader import NOT_PLANNING_SAY, LeaderConfig, LeaderLoop
+from tests.unit.test_skew import JOB, LOCAL0, _run_until, _settle, _setup
 
 
 async def test_a_new_leaders_first_pass_lets_the_loop_turn_and_counts_every_job_unplanned_until_done(
@@ -52,6 +56,35 @@ async def test_a_new_leaders_first_pass_lets_the_loop_turn_and_counts_every_job_
         for _ in range(3):
             await _settle()
         assert loop.unplanned() == 0  # none had a next slot recorded: each one planned at the first ticks
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leader_that_has_no_instant_to_plan_by_for_long_says_why_and_when_it_plans_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock, state, _node, service, _ = await _setup(None)
+    planning: list[int | None] = [None]
+    loop = LeaderLoop(service, clock, LeaderConfig(), lambda: {"n1"}, lambda: planning[0],
+                      lambda: "the reason it gives")
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "raftcron.leader" and r.levelno == level]
+
+    task = asyncio.create_task(loop.run())
+    try:
+        with caplog.at_level(logging.INFO, logger="raftcron.leader"):
+            await _run_until(clock, clock.now() + timedelta(seconds=NOT_PLANNING_SAY - 1))
+            assert said(logging.WARNING) == [], "a leadership's first moments without an instant are normal"
+            await _run_until(clock, clock.now() + timedelta(seconds=2))
+            warned = said(logging.WARNING)
+            assert len(warned) == 1, warned
+            assert warned[0].startswith("this leader has planned nothing for ") and "the reason it gives" in warned[0]
+            assert loop.claimed_total == 0 and state.job("tick") is not None
+            planning[0] = us(clock.now())
+            await _run_until(clock, clock.now() + timedelta(seconds=1))
+            assert any(m.startswith("planning again, after ") for m in said(logging.INFO))
+            assert loop.unplanned() == 0, "planned once an instant is known"
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

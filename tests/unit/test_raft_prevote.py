@@ -13,6 +13,7 @@ from raftlog.prevote import PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVote
 from raftlog.transport import KEEPALIVE
 
 MIN, MAX = 0.4, 1.0
+SILENT = 2.5  # seconds after its start a node counts a peer that never announced pre-vote as a yes
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Cluster:
             self.votes[name] = PreVote(
                 h, election_min=MIN, election_max=MAX, heard_leader=lambda n=name: self.heard[n],
                 send=lambda node, msg, src=name: self.queue.append((src, node.id, msg)),
-                monotonic=self.clock, rng=random.Random(7),
+                silent_after=SILENT, monotonic=self.clock, rng=random.Random(7),
             )
             self.votes[name].peers = {n for n in names if n != name}
 
@@ -201,6 +202,7 @@ def test_a_node_with_no_prevote_peers_elects_as_pysyncobj_does() -> None:
     c = Cluster(["a", "b", "c"])
     vote = c.votes["a"]
     vote.peers = set()
+    c.clock.t += SILENT  # up long enough to have heard its peers' keepalives, had they any
     vote.before_tick()
     assert c.queue == [] and vote.rounds == 0 and vote.elections == 1
     assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0
@@ -210,6 +212,7 @@ def test_mid_upgrade_the_older_peers_count_as_yes() -> None:
     c = Cluster(["a", "b", "c", "d", "e"])
     vote = c.votes["a"]
     vote.peers = {"b", "c"}  # d and e run a release without pre-vote: 1 + 2 silent is a majority
+    c.clock.t += SILENT
     vote.before_tick()
     assert c.queue == [] and vote.elections == 1
     vote.peers = {"b", "c", "d"}  # 1 + 1 silent: one yes of b, c, d is needed
@@ -217,6 +220,25 @@ def test_mid_upgrade_the_older_peers_count_as_yes() -> None:
     vote.before_tick()
     c.pump()
     assert vote.won == 1 and vote.rounds == 1
+
+
+def test_a_node_just_started_waits_to_hear_its_peers_before_counting_them_silent() -> None:
+    # A follower restarted while the leader lives: its election deadline passes before the
+    # leader's first AppendEntries or any peer's keepalive reaches it. Counting its peers as
+    # older releases then elected it at once, and its higher term deposed the leader.
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    vote.peers = set()
+    c.clock.t += SILENT - 0.1
+    vote.before_tick()
+    assert c.queue == [] and vote.elections == 0, "no election before the peers could announce themselves"
+    assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0, "its own deadline is kept, to be checked again"
+    # Then the peers' keepalives come: it asks, and peers that hear the leader refuse.
+    vote.peers = {"b", "c"}
+    c.heard.update(b=c.clock.t, c=c.clock.t)
+    vote.before_tick()
+    c.pump()
+    assert vote.rounds == 1 and vote.won == 0 and vote.elections == 0
 
 
 def test_a_node_connected_to_nobody_neither_asks_nor_elects() -> None:

@@ -587,6 +587,7 @@ async def test_a_leader_with_a_far_clock_plans_by_its_followers_median_and_not_b
     watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
     node.clocks = {"mem:1": _est(0), "mem:2": _est(-leader_ahead), "mem:3": _est(-leader_ahead + 0.01)}
     assert watch.planning_now_us() is None, "judged skewed: nothing is planned before its lead is recorded"
+    assert "clock is judged skewed" in watch.not_planning() and "not recorded yet" in watch.not_planning()
     task = asyncio.create_task(watch.run())
     try:
         await _settle()
@@ -597,6 +598,17 @@ async def test_a_leader_with_a_far_clock_plans_by_its_followers_median_and_not_b
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leader_before_its_barrier_plans_nothing_and_says_so() -> None:
+    clock, state, node, service = await _cluster()
+    node.term += 1  # elected again: the barrier applied is the last term's
+    watch = SkewWatch(service, clock, lambda: {"n1", "n2", "n3"}, 0.5)
+    assert watch.planning_now_us() is None
+    assert watch.not_planning() == (f"this term's barrier is not applied here yet (term {node.term}; the last "
+                                    f"barrier applied is of term {node.term - 1})")
+    await service.propose(Noop(at_us=us(LOCAL0), node="n1", term=node.term))
+    assert watch.planning_now_us() == us(clock.now())
 
 
 async def test_a_leader_in_line_with_its_followers_plans_by_its_own_clock() -> None:
