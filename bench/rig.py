@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +83,14 @@ def allocator_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def fresh_cluster(label: str, extra: Sequence[str] = (), keep: bool = False, size: int = 3) -> Iterator[Cluster]:
-    """A started, registered cluster; stopped (SIGTERM, then SIGKILL) on exit, by PID only."""
+def fresh_cluster(label: str, extra: Sequence[str] = (), keep: bool = False, size: int = 3,
+                  env: Mapping[str, str] | None = None) -> Iterator[Cluster]:
+    """A started, registered cluster; stopped (SIGTERM, then SIGKILL) on exit, by PID only.
+    ``env``: more environment for every agent (the harness passes none of ours on)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"raftcron-bench-{label}-"))
     cluster = Cluster.create(tmp, size, secret=SECRET, extra=[*AGENT_FLAGS, *extra])
+    for node in cluster.nodes:
+        node.env.update(env or {})
     failed = False
     try:
         cluster.start()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .node import FAIL_REASON
+from .trace import mark
 
 __all__ = ["Bridge", "Proposer", "Relay", "SubmitError", "NotCommitted", "UnknownOutcome"]
 
@@ -141,6 +142,7 @@ class Bridge:
         fut: asyncio.Future[Any] = self._loop.create_future()
 
         def settle(result: Any, err: int) -> None:
+            mark("settled")
             if fut.done():
                 return
             if err == FAIL_REASON.SUCCESS:
@@ -149,6 +151,7 @@ class Bridge:
                 fut.set_exception(_error_for(err))
 
         def callback(result: Any, err: int) -> None:  # raft thread
+            mark("callback")
             self._relay.post(settle, result, err)
 
         return fut, callback

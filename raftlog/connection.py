@@ -38,6 +38,8 @@ from pysyncobj import pickle as _pickle
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, set_keepalive
 
+from .trace import mark
+
 __all__ = ["DEFAULT_LIMITS", "FRAME_LIMIT", "PREAUTH_FRAME_LIMIT", "Clock", "FrameLimits", "GuardedConnection", "tune"]
 
 log = logging.getLogger("raftcron.raft")
@@ -176,6 +178,7 @@ class GuardedConnection:
             data = self.encryptor.encrypt_at_time(data, int(time.monotonic()))
         self._wbuf += _HEADER.pack(len(data))
         self._wbuf += data
+        mark("tx")  # before the send: a peer may read it before this thread runs again
         self._try_send()
 
     def disconnect(self) -> None:
@@ -301,6 +304,7 @@ class GuardedConnection:
                 end = start + _HEADER.size + length
                 if len(buf) < end:
                     break
+                mark("rx")
                 message = self._decode(bytes(memoryview(buf)[start + _HEADER.size:end]))  # one copy
                 start = end
                 if message is _INVALID:

@@ -12,6 +12,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import _RAFT_STATE
 
 from .listener import GuardedTransport
+from .trace import mark
 from .transport import _BatchingSends
 
 if TYPE_CHECKING:
@@ -105,11 +106,16 @@ class _Host(_BatchingSends, SyncObj):  # type: ignore[misc]
         # A follower's answer to AppendEntries: the entries it acknowledges must be on disk
         # before it leaves (appends inside one message are synced once, see _Pacer.inbound).
         journal = self._rc_owner._journal
+        mark("sync")
         if journal is not None:
             journal.sync()
+        mark("synced")
         super()._SyncObj__sendNextNodeIdx(node, reset, nextNodeIdx, success)
 
     @replicated  # type: ignore[untyped-decorator]
     def _rc_apply(self, payload: bytes) -> Any:
         # pysyncobj bumps raftLastApplied right after this returns.
-        return self._rc_owner._apply(payload, self.raftLastApplied + 1)
+        mark("apply")
+        result = self._rc_owner._apply(payload, self.raftLastApplied + 1)
+        mark("applied")
+        return result

@@ -17,6 +17,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from .clock import CLOCK_REQUEST, CLOCK_RESPONSE, ClockSync, raft_clock
 from .journal import _DurableJournal
 from .prevote import PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVote
+from .trace import mark
 from .transport import BATCH, KEEPALIVE
 
 __all__ = ["_Pacer", "_contact_at"]
@@ -80,6 +81,7 @@ class _Pacer:
             raise
 
     def _woken(self) -> None:
+        mark("woken")
         self._wake_pending = False
 
     def on_tick(self) -> None:
@@ -101,6 +103,7 @@ class _Pacer:
             if nxt is None or match_index.get(node, 0) != nxt - 1 or not host.isNodeConnected(node):
                 continue  # this one still has entries in flight, or cannot be reached
             if nxt <= last or tell_commit:
+                mark("send_entries")
                 host._SyncObj__sendAppendEntries()
                 self._sent_commit = commit
                 return
@@ -134,7 +137,10 @@ class _Pacer:
                     heard[node.id] = announced
         elif kind == "append_entries" and self._prevote is not None and isinstance(message.get("term"), int):
             self._prevote.note_append_entries(message["term"])
+        elif kind == "next_node_idx":
+            mark("ack_in")
         if kind == "append_entries" and message.get("entries"):
+            mark("entries_in")
             message = self._trim(message)
             # One sync for the whole batch, not one per entry: _Host syncs before the answer
             # that acknowledges them goes out, and again here in any case.

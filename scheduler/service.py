@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from raftlog import NotCommitted, UnknownOutcome
+from raftlog.trace import mark
 
 from .base import Committer, RaftPort
 from .clock import Clock
@@ -130,7 +131,9 @@ class Service:
         retried = False
         for attempt in range(attempts):
             try:
+                mark("propose")
                 result = await self.bridge.submit(raw, timeout or self.commit_timeout)
+                mark("proposed")
                 break
             except NotCommitted as exc:
                 if attempt == attempts - 1:

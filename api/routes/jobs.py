@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftlog.trace import mark
 from scheduler.errors import NotFound, ValidationFailed
 from scheduler.instants import us
 from scheduler.model import parse_job
@@ -173,12 +174,14 @@ def _names_after(names: list[str], after: str | None, step: int = 512) -> Iterat
 
 
 async def _put(request: web.Request, args: dict[str, Any], *, name: str | None, create_only: bool) -> web.Response:
+    mark("http_in")
     ctx = ctx_of(request)
     doc = keep_secrets(ctx, await read_json(request), name)
     job = parse_job(doc, name=name)
     result = await ctx.service.put_job(job, create_only=create_only)
     view = job_view(ctx.state, job.name, ctx.service.cluster_now_us()) or {"name": job.name}
     view["change"] = result["change"]
+    mark("http_out")
     return ok(view, 201 if result["change"] == "created" else 200)
 
 

@@ -1,0 +1,256 @@
+"""Where one sequential write's time goes: the hops of a PUT through the leader and a follower.
+
+``bench.api_writes`` and ``bench.compare`` give a sequential PUT's latency (~2-2.5 ms here,
+etcd's ~1.2 ms, the HTTP stack's floor ~0.55 ms); py-spy gives where CPU goes. This gives
+where one request spends its time: the agents run with ``RAFTCRON_TRACE_DIR`` set, so every
+process notes the instants it passes the marks of ``raftlog.trace`` (CLOCK_MONOTONIC, one
+clock for the whole machine), and each PUT's interval is cut into hops by them:
+
+    client -> http_in -> propose -> send_entries -> tx | rx -> entries_in -> sync ->
+    synced -> tx | rx -> ack_in -> apply -> applied -> callback -> settled -> proposed ->
+    http_out -> client
+
+(left of ``|`` on the leader, right of it on the follower whose journal held the entry first;
+the second ``|`` is the way back). ``woken`` (the raft thread taking a submit's wake-up) is not
+in the chain: a raft thread already awake takes the command without it. A hop's figure is the median over the PUTs of one cluster, then the
+median over repetitions. A PUT whose marks do not all fall inside its own interval (a
+keepalive's ``tx`` taken for the entries', an election) is left out and counted.
+
+In the same run: the same sequential PUTs to a cluster without marks (what the marks cost),
+and to a server that only answers 200 (``bench/floor.py``, the HTTP floor), each repetition.
+
+    python -m bench.write_path              # 3 repetitions of 400 PUTs (~2 minutes)
+    python -m bench.write_path --quick      # 1 repetition of 200
+    python -m bench.write_path --env PYTHONPATH=/tmp/site   # agents with a sitecustomize of yours
+
+The JSON goes to bench/results/write_path.json (``--ab NAME``: also bench/ab/NAME.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from raftlog.trace import ENV
+
+from .api_writes import job_doc, sequential
+from .bulk import AB
+from .rig import (
+    common_args,
+    free_port,
+    fresh_cluster,
+    leader_of,
+    load,
+    machine,
+    spawn,
+    stop_process,
+    table,
+    write_results,
+)
+
+WARMUP = 50  # PUTs before the measured ones: connections made, caches warm
+
+# (process, mark) in the order a write passes them; "F" is the follower that answered first.
+CHAIN: tuple[tuple[str, str], ...] = (
+    ("L", "http_in"), ("L", "propose"), ("L", "send_entries"), ("L", "tx"),
+    ("F", "rx"), ("F", "entries_in"), ("F", "sync"), ("F", "synced"), ("F", "tx"),
+    ("L", "rx"), ("L", "ack_in"), ("L", "apply"), ("L", "applied"), ("L", "callback"), ("L", "settled"),
+    ("L", "proposed"), ("L", "http_out"),
+)
+
+# Hops grouped for the summary: (name, first hop's start, last hop's end).
+STAGES: tuple[tuple[str, str, str], ...] = (
+    ("HTTP in (client to handler)", "client", "L:http_in"),
+    ("leader: parse, validate, encode the command", "L:http_in", "L:propose"),
+    ("leader: to the raft thread, appended", "L:propose", "L:send_entries"),
+    ("leader: encode and send the entries", "L:send_entries", "L:tx"),
+    ("to the follower (wire, wake-up, decode)", "L:tx", "F:entries_in"),
+    ("follower: append", "F:entries_in", "F:sync"),
+    ("follower: journal sync", "F:sync", "F:synced"),
+    ("follower: answer encoded and sent", "F:synced", "F:tx"),
+    ("back to the leader (wire, wake-up, decode)", "F:tx", "L:ack_in"),
+    ("leader: commit and apply", "L:ack_in", "L:callback"),
+    ("leader: raft thread to event loop", "L:callback", "L:settled"),
+    ("leader: answer built", "L:settled", "L:http_out"),
+    ("HTTP out (handler to client)", "L:http_out", "client_end"),
+)
+
+
+async def _traced_puts(base: str, n: int, prefix: str) -> list[tuple[int, int]]:
+    """``WARMUP + n`` sequential PUTs of new jobs; the (start, end) monotonic ns of the last ``n``."""
+    spans: list[tuple[int, int]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        for i in range(WARMUP + n):
+            name = f"{prefix}-{i:05d}"
+            t0 = time.monotonic_ns()
+            async with s.put(f"{base}/v1/jobs/{name}", json=job_doc(name)) as resp:
+                await resp.read()
+                if resp.status not in (200, 201):
+                    raise AssertionError(f"PUT {name}: {resp.status}")
+            t1 = time.monotonic_ns()
+            if i >= WARMUP:
+                spans.append((t0, t1))
+    return spans
+
+
+def _marks(trace_dir: Path, pid: int) -> list[tuple[int, str]]:
+    rows = []
+    path = trace_dir / f"{pid}.log"
+    for line in path.read_text(encoding="ascii").splitlines():
+        tag, at = line.split()
+        rows.append((int(at), tag))
+    rows.sort()
+    return rows
+
+
+def _next(rows: list[tuple[int, str]], tag: str, after: int, until: int) -> int | None:
+    """The first ``tag`` at or after ``after`` and not after ``until``."""
+    i = bisect.bisect_left(rows, (after, ""))
+    while i < len(rows) and rows[i][0] <= until:
+        if rows[i][1] == tag:
+            return rows[i][0]
+        i += 1
+    return None
+
+
+def _first_to_answer(leader: list[tuple[int, str]], followers: list[list[tuple[int, str]]], start: int,
+                     end: int) -> list[tuple[int, str]] | None:
+    """The marks of the follower whose journal held the PUT's entry first (its answer is the one
+    that commits it, as a rule); None when the entries went out other than by the eager send."""
+    sent = _next(leader, "send_entries", start, end)
+    if sent is None:
+        return None
+    synced = []
+    for rows in followers:
+        got = _next(rows, "entries_in", sent, end)
+        done = _next(rows, "synced", got, end) if got is not None else None
+        if done is not None:
+            synced.append((done, rows))
+    return min(synced, key=lambda s: s[0])[1] if synced else None
+
+
+def cut(spans: list[tuple[int, int]], leader: list[tuple[int, str]],
+        followers: list[list[tuple[int, str]]]) -> tuple[dict[str, list[float]], int]:
+    """Each PUT's hops in microseconds (``"a->b"``), and how many PUTs were left out."""
+    hops: dict[str, list[float]] = {}
+    left_out = 0
+    for start, end in spans:
+        follower = _first_to_answer(leader, followers, start, end)
+        if follower is None:
+            left_out += 1
+            continue
+        points = [("client", start)]
+        prev = start
+        for who, tag in CHAIN:
+            at = _next(leader if who == "L" else follower, tag, prev, end)
+            if at is None:
+                break
+            points.append((f"{who}:{tag}", at))
+            prev = at
+        else:
+            points.append(("client_end", end))
+            for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
+                hops.setdefault(f"{a}->{b}", []).append((tb - ta) / 1e3)
+            continue
+        left_out += 1
+    return hops, left_out
+
+
+def _stage_us(per_put: dict[str, list[float]]) -> dict[str, float]:
+    """Each stage's median over the PUTs: the sum of its hops, PUT by PUT."""
+    order = ["client", *(f"{w}:{t}" for w, t in CHAIN), "client_end"]
+    out = {}
+    for name, first, last in STAGES:
+        i, j = order.index(first), order.index(last)
+        keys = [f"{a}->{b}" for a, b in zip(order[i:j], order[i + 1:j + 1], strict=True)]
+        sums = [sum(vals) for vals in zip(*(per_put[k] for k in keys), strict=True)]
+        out[name] = round(statistics.median(sums), 1)
+    return out
+
+
+def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"repeat": r, "load_before": load()}
+    trace_dir = Path(tempfile.mkdtemp(prefix="raftcron-trace-"))
+    try:
+        with fresh_cluster(f"trace{r}", keep=a.keep, env={**a.agent_env, ENV: str(trace_dir)}) as cluster:
+            leader = leader_of(cluster)
+            spans = asyncio.run(_traced_puts(leader.url, a.seq, f"tr{r}"))
+            pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
+            marks = {name: _marks(trace_dir, pid) for name, pid in pids.items()}
+        per_put, left_out = cut(spans, marks[leader.name], [m for n, m in marks.items() if n != leader.name])
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    client_us = sorted((b - a_) / 1e3 for a_, b in spans)
+    out["traced"] = {
+        "puts": len(spans), "left_out": left_out, "client_p50_us": round(statistics.median(client_us), 1),
+        "hops_p50_us": {k: round(statistics.median(v), 1) for k, v in per_put.items()},
+        "hops_p90_us": {k: round(sorted(v)[int(len(v) * 0.9)], 1) for k, v in per_put.items()},
+        "stages_p50_us": _stage_us(per_put),
+    }
+    with fresh_cluster(f"plain{r}", keep=a.keep, env=a.agent_env) as cluster:
+        plain = asyncio.run(sequential(leader_of(cluster).url, WARMUP + a.seq, f"pl{r}"))
+    out["untraced_p50_us"] = round(plain["p50"] * 1e6, 1)
+    port = free_port()
+    proc = spawn("bench.floor", "--port", str(port))
+    try:
+        floor = asyncio.run(sequential(f"http://127.0.0.1:{port}", WARMUP + a.seq, f"fl{r}"))
+    finally:
+        stop_process(proc)
+    out["floor_p50_us"] = round(floor["p50"] * 1e6, 1)
+    out["load_after"] = load()
+    print(f"repeat {r}: traced p50 {out['traced']['client_p50_us']:.0f} us ({left_out} of {len(spans)} left out), "
+          f"untraced {out['untraced_p50_us']:.0f} us, floor {out['floor_p50_us']:.0f} us", flush=True)
+    return out
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 1)
+
+    stages = {name: med([r["traced"]["stages_p50_us"][name] for r in runs]) for name, _, _ in STAGES}
+    return {
+        "stages_p50_us": stages, "sum_of_stages_us": round(sum(stages.values()), 1),
+        "traced_p50_us": med([r["traced"]["client_p50_us"] for r in runs]),
+        "untraced_p50_us": med([r["untraced_p50_us"] for r in runs]),
+        "floor_p50_us": med([r["floor_p50_us"] for r in runs]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_args(p, repeat=3)
+    p.add_argument("--seq", type=int, default=400, help="sequential PUTs measured per cluster (default 400)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="more environment for every agent (repeatable), e.g. to try an interpreter setting")
+    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    a = p.parse_args()
+    if bad := [e for e in a.env if "=" not in e]:
+        p.error(f"--env takes KEY=VALUE, not {bad[0]!r}")
+    a.agent_env = dict(e.split("=", 1) for e in a.env)
+    if a.quick:
+        a.repeat, a.seq = 1, 200
+    doc: dict[str, Any] = {"benchmark": "write_path", "machine": machine(), "params": vars(a), "runs": []}
+    for r in range(1, a.repeat + 1):
+        doc["runs"].append(one_repetition(r, a))
+    doc["summary"] = s = summarise(doc["runs"])
+    print()
+    print(table(["stage", "p50 us"], [*s["stages_p50_us"].items(), ("sum of the stages", s["sum_of_stages_us"])]))
+    print(f"\nsequential PUT p50: traced {s['traced_p50_us']:.0f} us, untraced {s['untraced_p50_us']:.0f} us, "
+          f"HTTP floor {s['floor_p50_us']:.0f} us")
+    path = write_results("write_path", doc)
+    if a.ab:
+        AB.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, AB / f"{a.ab}.json")
+
+
+if __name__ == "__main__":
+    main()
