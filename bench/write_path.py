@@ -185,7 +185,8 @@ def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
             leader = leader_of(cluster)
             spans = asyncio.run(_traced_puts(leader.url, a.seq, f"tr{r}"))
             pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
-            marks = {name: _marks(trace_dir, pid) for name, pid in pids.items()}
+        # Read once the agents have stopped: each writes its marks out at its exit.
+        marks = {name: _marks(trace_dir, pid) for name, pid in pids.items()}
         per_put, left_out = cut(spans, marks[leader.name], [m for n, m in marks.items() if n != leader.name])
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)

@@ -87,7 +87,9 @@ def test_marks_go_to_a_file_per_process_only_when_asked(tmp_path: Path, monkeypa
     try:
         on.mark("http_in")
         on.mark("http_out")
-        (written,) = (tmp_path / "marks").iterdir()  # line-buffered: there before any close
+        assert on._out is not None
+        on._out.flush()  # as at the process's exit
+        (written,) = (tmp_path / "marks").iterdir()
         lines = [line.split() for line in written.read_text(encoding="ascii").splitlines()]
         assert [tag for tag, _ in lines] == ["http_in", "http_out"]
         assert int(lines[0][1]) <= int(lines[1][1])
