@@ -7,9 +7,9 @@ process of a machine, so the marks of the three agents line up.
 
 Off unless ``RAFTCRON_TRACE_DIR`` names a directory when the process starts: then each
 process appends ``tag nanoseconds`` lines to ``DIR/<pid>.log``, kept in a buffer of 4 MiB and
-written when it fills and at exit (a write to the file per mark cost ~10-15 % of a
-sequential PUT's latency; an agent killed with -9 loses what its buffer held). Off, ``mark``
-is a function that does nothing (~40 ns a call).
+written when it fills and at exit: a write per mark would put a system call on the path being
+measured, and an agent killed with -9 loses only what its buffer held. Off, ``mark`` is a
+function that does nothing (~40 ns a call).
 
 The tags, in the order a write passes them (``L`` the leader, ``F`` a follower):
 
