@@ -2,7 +2,8 @@
 earlier leader recorded): at 100,000 jobs it took ~0.2-0.4 s in one go, during which the node
 that had just been elected answered nothing; now it reads ``START_SLICE`` jobs between turns of
 the loop. And a leader with no instant to plan by (its clocks not judged yet) says so when
-that lasts: it planned nothing and logged nothing before."""
+that lasts, and a side task of a leadership that dies on an error is logged: before, both
+went unsaid."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import scheduler.leader as leader_module
 from scheduler.commands import PutJobs
 from scheduler.instants import us
 from scheduler.leader import NOT_PLANNING_SAY, LeaderConfig, LeaderLoop
+from scheduler.runtime import _say_if_failed
 from tests.unit.test_skew import JOB, LOCAL0, _run_until, _settle, _setup
 
 
@@ -88,3 +90,24 @@ async def test_a_leader_that_has_no_instant_to_plan_by_for_long_says_why_and_whe
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_leaders_side_task_that_dies_on_an_error_is_logged_and_a_cancelled_one_is_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def broken() -> None:
+        raise KeyError("n9")
+
+    async def waiting() -> None:
+        await asyncio.Event().wait()
+
+    with caplog.at_level(logging.ERROR, logger="raftcron.runtime"):
+        failed = asyncio.create_task(broken(), name="clock-skew")
+        cancelled = asyncio.create_task(waiting(), name="alert-sender")
+        for task in (failed, cancelled):
+            task.add_done_callback(_say_if_failed)
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(failed, cancelled, return_exceptions=True)
+        await asyncio.sleep(0)  # done callbacks run at the loop's next turn
+    said = [r.getMessage() for r in caplog.records if r.name == "raftcron.runtime"]
+    assert said == ["clock-skew stopped on an error for the rest of this leadership: KeyError: 'n9'"]
