@@ -165,6 +165,34 @@ def cut(spans: list[tuple[int, int]], leader: list[tuple[int, str]],
     return hops, left_out
 
 
+def leader_sync(spans: list[tuple[int, int]], leader: list[tuple[int, str]],
+                followers: list[list[tuple[int, str]]]) -> dict[str, Any]:
+    """The leader's own journal sync of each PUT's entry (not in the chain: Raft lets it run
+    beside the followers'): how long it took, how long after the eager send it began, and how
+    often it ended after the first follower's answer had left (the leader then takes that
+    answer only once its own sync is done)."""
+    took, began, after = [], [], 0
+    for start, end in spans:
+        follower = _first_to_answer(leader, followers, start, end)
+        sent = _next(leader, "send_entries", start, end)
+        if follower is None or sent is None:
+            continue
+        sync = _next(leader, "disk_sync", sent, end)
+        synced = _next(leader, "disk_synced", sync, end) if sync is not None else None
+        answered = _next(follower, "tx", _next(follower, "synced", sent, end) or end, end)
+        if sync is None or synced is None or answered is None:
+            continue
+        took.append((synced - sync) / 1e3)
+        began.append((sync - sent) / 1e3)
+        after += synced > answered
+    if not took:
+        return {"puts": 0}
+    return {"puts": len(took), "took_p50_us": round(statistics.median(took), 1),
+            "took_p90_us": round(sorted(took)[int(len(took) * 0.9)], 1),
+            "began_after_send_p50_us": round(statistics.median(began), 1),
+            "ended_after_the_answer_left": round(after / len(took), 3)}
+
+
 def _stage_us(per_put: dict[str, list[float]]) -> dict[str, float]:
     """Each stage's median over the PUTs: the sum of its hops, PUT by PUT."""
     order = ["client", *(f"{w}:{t}" for w, t in CHAIN), "client_end"]
@@ -187,7 +215,9 @@ def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
             pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
         # Read once the agents have stopped: each writes its marks out at its exit.
         marks = {name: _marks(trace_dir, pid) for name, pid in pids.items()}
-        per_put, left_out = cut(spans, marks[leader.name], [m for n, m in marks.items() if n != leader.name])
+        followers = [m for n, m in marks.items() if n != leader.name]
+        per_put, left_out = cut(spans, marks[leader.name], followers)
+        own_sync = leader_sync(spans, marks[leader.name], followers)
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
     client_us = sorted((b - a_) / 1e3 for a_, b in spans)
@@ -196,6 +226,7 @@ def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
         "hops_p50_us": {k: round(statistics.median(v), 1) for k, v in per_put.items()},
         "hops_p90_us": {k: round(sorted(v)[int(len(v) * 0.9)], 1) for k, v in per_put.items()},
         "stages_p50_us": _stage_us(per_put),
+        "leader_sync": own_sync,
     }
     with fresh_cluster(f"plain{r}", keep=a.keep, env=a.agent_env) as cluster:
         plain = asyncio.run(sequential(leader_of(cluster).url, WARMUP + a.seq, f"pl{r}"))
@@ -218,8 +249,11 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return round(statistics.median(values), 1)
 
     stages = {name: med([r["traced"]["stages_p50_us"][name] for r in runs]) for name, _, _ in STAGES}
+    syncs = [r["traced"]["leader_sync"] for r in runs if r["traced"]["leader_sync"]["puts"]]
     return {
         "stages_p50_us": stages, "sum_of_stages_us": round(sum(stages.values()), 1),
+        "leader_sync_p50_us": med([s["took_p50_us"] for s in syncs]) if syncs else None,
+        "leader_sync_ended_after_the_answer_left": med([s["ended_after_the_answer_left"] for s in syncs]) if syncs else None,
         "traced_p50_us": med([r["traced"]["client_p50_us"] for r in runs]),
         "untraced_p50_us": med([r["untraced_p50_us"] for r in runs]),
         "floor_p50_us": med([r["floor_p50_us"] for r in runs]),
@@ -245,6 +279,9 @@ def main() -> None:
     doc["summary"] = s = summarise(doc["runs"])
     print()
     print(table(["stage", "p50 us"], [*s["stages_p50_us"].items(), ("sum of the stages", s["sum_of_stages_us"])]))
+    if s["leader_sync_p50_us"] is not None:
+        print(f"\nthe leader's own journal sync: p50 {s['leader_sync_p50_us']:.0f} us, ended after the first "
+              f"follower's answer had left in {s['leader_sync_ended_after_the_answer_left']:.0%} of the PUTs")
     print(f"\nsequential PUT p50: traced {s['traced_p50_us']:.0f} us, untraced {s['untraced_p50_us']:.0f} us, "
           f"HTTP floor {s['floor_p50_us']:.0f} us")
     path = write_results("write_path", doc)

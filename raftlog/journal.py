@@ -25,6 +25,7 @@ from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
 from .heap import release_free_memory
 from .recovery import journal_header, recover_journal
+from .trace import mark
 
 __all__ = ["_DurableJournal", "_DurableMeta", "_SizedFile", "align_to_snapshot", "journal_factory"]
 
@@ -267,7 +268,9 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         if self.failed is not None:
             raise self.failed
         if self._rc_dirty:
+            mark("disk_sync")
             self._fdatasync()
+            mark("disk_synced")
             self._rc_dirty = False
 
     def _fdatasync(self) -> None:

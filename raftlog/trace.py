@@ -21,6 +21,8 @@ The tags, in the order a write passes them (``L`` the leader, ``F`` a follower):
   read, before it is decoded (every message passes these, keepalives too);
 - ``entries_in`` (F): an AppendEntries with entries, decoded;
 - ``sync`` / ``synced`` (F): the journal sync before its answer, begun / done;
+- ``disk_sync`` / ``disk_synced`` (both): an ``fdatasync`` of the journal, begun / done (on
+  the leader, the one at the end of the tick that appended the entry);
 - ``ack_in`` (L): a follower's answer (``next_node_idx``), decoded;
 - ``apply`` / ``applied`` (both): the state machine applies an entry;
 - ``callback`` (L): the submit's callback, on the raft thread;

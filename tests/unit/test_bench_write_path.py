@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 import raftlog.trace
-from bench.write_path import CHAIN, STAGES, _stage_us, cut
+from bench.write_path import CHAIN, STAGES, _stage_us, cut, leader_sync
 
 Rows = list[tuple[int, str]]
 
 
-def _put(start: int, leader: Rows, followers: list[Rows], *, late_follower: int = 0) -> tuple[int, int]:
+def _put(start: int, leader: Rows, followers: list[Rows], *, late_follower: int = 0,
+         own_sync: int = 50) -> tuple[int, int]:
     """Marks of one PUT from ``start`` (us from then: 10 per hop on the leader's side), follower 0
-    holding the entry ``late_follower`` us after follower 1 when that is positive."""
+    holding the entry ``late_follower`` us after follower 1 when that is positive; the leader's
+    own journal sync begins 5 us after its second send and takes ``own_sync`` us."""
     t = start
     ns = 1000
 
@@ -29,6 +31,8 @@ def _put(start: int, leader: Rows, followers: list[Rows], *, late_follower: int 
     for tag in ("http_in", "propose", "woken", "send_entries", "tx"):
         at(leader, tag)
     leader.append((t + 1 * ns, "tx"))  # the same entries to the other follower
+    leader.append((t + 6 * ns, "disk_sync"))
+    leader.append((t + (6 + own_sync) * ns, "disk_synced"))
     for rows in (first, second):
         rows.append((t + 20 * ns, "rx"))
         rows.append((t + 30 * ns, "entries_in"))
@@ -75,6 +79,21 @@ def test_a_put_whose_entries_went_out_otherwise_is_left_out_and_counted() -> Non
     leader2[:] = [r for r in leader2 if r[1] != "http_out"]  # a mark outside the PUT's interval
     hops, left_out = cut([(start, end)], leader2, followers)
     assert hops == {} and left_out == 1
+
+
+def test_the_leaders_own_sync_is_timed_and_said_when_it_ended_after_the_answer_left() -> None:
+    leader: Rows = []
+    followers: list[Rows] = [[], []]
+    # The first follower's answer leaves 110 us after the leader's second send; the leader's own
+    # sync begins 6 us after that send.
+    spans = [_put(1_000_000, leader, followers, own_sync=50), _put(5_000_000, leader, followers, own_sync=200)]
+    for rows in (leader, *followers):
+        rows.sort()
+    got = leader_sync(spans, leader, followers)
+    assert got["puts"] == 2
+    assert got["took_p50_us"] == pytest.approx(125.0)  # the median of 50 and 200
+    assert got["began_after_send_p50_us"] == pytest.approx(16.0)  # the first tx 10 us after the send, then 6
+    assert got["ended_after_the_answer_left"] == 0.5  # the 200 us one
 
 
 def test_marks_go_to_a_file_per_process_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
