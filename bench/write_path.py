@@ -253,7 +253,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "stages_p50_us": stages, "sum_of_stages_us": round(sum(stages.values()), 1),
         "leader_sync_p50_us": med([s["took_p50_us"] for s in syncs]) if syncs else None,
-        "leader_sync_ended_after_the_answer_left": med([s["ended_after_the_answer_left"] for s in syncs]) if syncs else None,
+        "leader_sync_ended_after_the_answer_left":
+            round(statistics.median([s["ended_after_the_answer_left"] for s in syncs]), 3) if syncs else None,
         "traced_p50_us": med([r["traced"]["client_p50_us"] for r in runs]),
         "untraced_p50_us": med([r["untraced_p50_us"] for r in runs]),
         "floor_p50_us": med([r["floor_p50_us"] for r in runs]),
