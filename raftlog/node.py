@@ -538,7 +538,7 @@ class RaftNode:
     def _make_pacer(self, host: _Host) -> _Pacer:
         c = self.config
         # Off, pre-vote still answers (costs nothing to a peer that never asks) but never asks.
-        # A peer counts as an older release (a yes) once a few of its keepalives would have come.
+        # A peer connected this long with no keepalive heard counts as an older release (a yes).
         self._prevote = PreVote(host, election_min=c.election_min, election_max=c.election_max, asks=c.prevote,
                                 heard_leader=lambda: pacer.heard_leader, send=host._SyncObj__transport.send,
                                 silent_after=c.election_max + 3 * c.keepalive)

@@ -129,6 +129,7 @@ class _Pacer:
             if self._clock is not None:
                 _note(self._clock.peers, node, bool(message.get("clock")))
             if self._prevote is not None:
+                self._prevote.heard.add(node.id)
                 _note(self._prevote.peers, node, bool(message.get("prevote")))
             for key, heard in (("applies", self.applies), ("all_apply", self.all_apply)):
                 forms = message.get(key)

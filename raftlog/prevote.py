@@ -16,16 +16,17 @@ majority says yes does pysyncobj get to start its election (its deadline is set 
 where it was and the leader's next AppendEntries is simply accepted.
 
 Mixed releases: a node announces ``prevote`` in its keepalive (``transport.KEEPALIVE``)
-and is asked only by peers that heard it. A peer that did not announce it is
-counted as a yes: an older release would vote in the real election anyway, and
-counting it as a no could leave a cluster mid-upgrade unable to elect. A node with
-no peer that reads pre-vote therefore elects as pysyncobj always did. Only once it has
-been up for ``silent_after`` seconds (a few keepalive rounds past the longest election
-timeout), though: a node just started has heard no one's keepalive yet, and counting
-its peers silent then let a restarted follower elect 1 s after its start, before the
-live leader's first AppendEntries reached it; its higher term deposed that leader
-(seen in the kill -9 fault test: three elections in a row where there should have
-been none).
+and is asked only by peers that heard it. A peer whose keepalive came without it runs
+an older release (keepalives came before pre-vote) and is counted as a yes: it would
+vote in the real election anyway, and counting it as a no could leave a cluster
+mid-upgrade unable to elect. A node with no peer that reads pre-vote therefore elects as
+pysyncobj always did. A peer not heard from at all is not such a yes: a node just
+started has heard no one's keepalive yet, and counting its peers silent then let a
+restarted follower elect 1 s after its start, before the live leader's first
+AppendEntries reached it; its higher term deposed that leader (seen in the kill -9
+fault test: three elections in a row where there should have been none). Only a peer
+connected for ``silent_after`` seconds (a few keepalive rounds past the longest election
+timeout) without a keepalive counts as one, for a release that sends none.
 
 One way out: a node whose term got ahead of a live leader's (it elected before it
 heard its peers announce pre-vote, say) ignores that leader's AppendEntries and
@@ -59,8 +60,9 @@ class PreVote:
 
     ``host`` is the SyncObj; ``heard_leader`` returns the time (``raft_clock``) this node last
     took an AppendEntries from its leader (0.0 for never); ``send(node, message)`` puts
-    a message on the raft link to ``node``. Raft thread only, except ``peers``, which
-    status readers copy.
+    a message on the raft link to ``node``; ``silent_after``: seconds a peer must be
+    connected with no keepalive heard before it counts as an older release (see the module
+    docstring). Raft thread only, except ``peers``, which status readers copy.
     """
 
     def __init__(self, host: Any, *, election_min: float, election_max: float,
@@ -75,8 +77,10 @@ class PreVote:
         self._send = send
         self._now = monotonic
         self._rng = rng or random.Random()
-        self._silent_from = monotonic() + silent_after  # from then on, a peer that never announced pre-vote is a yes
+        self._silent_after = silent_after
         self.peers: set[str] = set()  # ids of the peers that announced they read pre-vote
+        self.heard: set[str] = set()  # ids of the peers whose keepalive came, announcing it or not
+        self._connected_since: dict[str, float] = {}  # peer id -> since when (raft_clock) it is connected
         self._proposed = 0  # the term the round in progress asks for; 0: no round
         self._granted: set[str] = set()
         self._cleared = False  # a majority said yes: the expired deadline starts pysyncobj's election
@@ -114,6 +118,7 @@ class PreVote:
     def before_tick(self) -> float | None:
         """The deadline to hold while pysyncobj ticks (see ``around_tick``), or None to let its
         election check see its own: the gate is open, or it would not elect anyway."""
+        self._note_connections()
         host = self._host
         if not self.asks or host._isLeader():
             self._end_round()
@@ -149,8 +154,18 @@ class PreVote:
             self.elections += 1  # no peer reads pre-vote, or those that do not are enough
             return None
         if not asked:
-            return deadline  # just started: no peer has announced itself yet (see the module docstring)
+            return deadline  # no peer heard yet (just started, say): wait to hear them (module docstring)
         return self._start_round(host, asked, now)
+
+    def _note_connections(self) -> None:
+        host = self._host
+        now = self._now()
+        since = self._connected_since
+        for node in host.otherNodes:
+            if host.isNodeConnected(node):
+                since.setdefault(node.id, now)
+            else:
+                since.pop(node.id, None)
 
     def note_append_entries(self, term: int) -> None:
         """An AppendEntries arrived (before pysyncobj takes it): one from a leader at a term
@@ -174,10 +189,18 @@ class PreVote:
         return deadline
 
     def _majority(self, others: list[Any], granted: set[str]) -> bool:
-        # This node, the peers that cannot be asked once it has been up a while (see the module
-        # docstring), and the yeses.
-        silent = sum(1 for n in others if n.id not in self.peers) if self._now() >= self._silent_from else 0
-        return 1 + silent + len(granted) > (len(others) + 1) / 2
+        # This node, the peers of an older release (see the module docstring), and the yeses.
+        return 1 + sum(1 for n in others if self._older(n.id)) + len(granted) > (len(others) + 1) / 2
+
+    def _older(self, peer: str) -> bool:
+        """A peer that cannot be asked and would vote anyway: its keepalive came without
+        ``prevote``, or it has been connected ``silent_after`` seconds and sent none."""
+        if peer in self.peers:
+            return False
+        if peer in self.heard:
+            return True
+        since = self._connected_since.get(peer)
+        return since is not None and self._now() - since >= self._silent_after
 
     def _end_round(self) -> None:
         self._proposed = 0

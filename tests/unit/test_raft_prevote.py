@@ -13,7 +13,7 @@ from raftlog.prevote import PREVOTE_REQUEST, PREVOTE_RESPONSE, PreVote
 from raftlog.transport import KEEPALIVE
 
 MIN, MAX = 0.4, 1.0
-SILENT = 2.5  # seconds after its start a node counts a peer that never announced pre-vote as a yes
+SILENT = 2.5  # seconds a peer must be connected without a keepalive to count as an older release
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def test_a_node_with_no_prevote_peers_elects_as_pysyncobj_does() -> None:
     c = Cluster(["a", "b", "c"])
     vote = c.votes["a"]
     vote.peers = set()
-    c.clock.t += SILENT  # up long enough to have heard its peers' keepalives, had they any
+    vote.heard = {"b", "c"}  # their keepalives came without "prevote": an older release
     vote.before_tick()
     assert c.queue == [] and vote.rounds == 0 and vote.elections == 1
     assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0
@@ -212,7 +212,7 @@ def test_mid_upgrade_the_older_peers_count_as_yes() -> None:
     c = Cluster(["a", "b", "c", "d", "e"])
     vote = c.votes["a"]
     vote.peers = {"b", "c"}  # d and e run a release without pre-vote: 1 + 2 silent is a majority
-    c.clock.t += SILENT
+    vote.heard = {"b", "c", "d", "e"}
     vote.before_tick()
     assert c.queue == [] and vote.elections == 1
     vote.peers = {"b", "c", "d"}  # 1 + 1 silent: one yes of b, c, d is needed
@@ -229,16 +229,48 @@ def test_a_node_just_started_waits_to_hear_its_peers_before_counting_them_silent
     c = Cluster(["a", "b", "c"])
     vote = c.votes["a"]
     vote.peers = set()
-    c.clock.t += SILENT - 0.1
-    vote.before_tick()
-    assert c.queue == [] and vote.elections == 0, "no election before the peers could announce themselves"
+    for _ in range(3):
+        vote.before_tick()
+        assert c.queue == [] and vote.elections == 0, "no election before the peers could announce themselves"
+        c.clock.t += (SILENT - 0.1) / 2
     assert c.hosts["a"]._SyncObj__raftElectionDeadline == 0.0, "its own deadline is kept, to be checked again"
     # Then the peers' keepalives come: it asks, and peers that hear the leader refuse.
-    vote.peers = {"b", "c"}
+    vote.peers = vote.heard = {"b", "c"}
     c.heard.update(b=c.clock.t, c=c.clock.t)
     vote.before_tick()
     c.pump()
     assert vote.rounds == 1 and vote.won == 0 and vote.elections == 0
+
+
+def test_a_peer_connected_long_without_a_keepalive_counts_as_an_older_release() -> None:
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    vote.peers = set()
+    c.hosts["a"].connected = {"b"}  # c is down
+    vote.before_tick()
+    c.hosts["a"].connected = {"b", "c"}  # c comes up later than b
+    c.clock.t += SILENT / 2
+    vote.before_tick()
+    assert vote.elections == 0
+    c.clock.t += SILENT / 2  # b connected for SILENT: 1 + 1 of 3, a majority; c's half does not count
+    vote.before_tick()
+    assert c.queue == [] and vote.elections == 1
+
+
+def test_a_peer_down_and_never_heard_is_no_yes() -> None:
+    # Before, a peer that never announced pre-vote counted as a yes even while down: with one
+    # peer down since this node started and the other live (and reading pre-vote), the node
+    # elected without asking the live one.
+    c = Cluster(["a", "b", "c"])
+    vote = c.votes["a"]
+    vote.peers = vote.heard = {"b"}
+    c.hosts["a"].connected = {"b"}
+    for _ in range(3):
+        c.heard["b"] = c.clock.t  # b hears a live leader
+        vote.before_tick()
+        c.pump()
+        c.clock.t += SILENT
+    assert vote.elections == 0 and vote.rounds >= 1 and vote.won == 0
 
 
 def test_a_node_connected_to_nobody_neither_asks_nor_elects() -> None:
@@ -271,10 +303,12 @@ def test_the_pacer_routes_prevote_messages_and_notes_who_reads_them() -> None:
                    send=lambda node, msg: sent.append(msg))
     vote.peers = set()
     pacer = _Pacer(host, prevote=vote)  # type: ignore[arg-type]
+    assert vote.heard == set()
     pacer.inbound(Node("b"), dict(KEEPALIVE))
-    assert vote.peers == {"b"}
+    assert vote.peers == {"b"} and vote.heard == {"b"}
     pacer.inbound(Node("b"), {k: v for k, v in KEEPALIVE.items() if k != "prevote"})
-    assert vote.peers == set()  # restarted on an older release
+    assert vote.peers == set() and vote.heard == {"b"}  # restarted on an older release: a yes without asking
+    assert vote._older("b")
     pacer.inbound(Node("b"), request(4))
     assert sent == [{"type": PREVOTE_RESPONSE, "term": 4, "granted": True}]
     pacer.inbound(Node("b"), {"type": "append_entries", "term": 2, "commit_index": 1})
