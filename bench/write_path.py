@@ -1,7 +1,7 @@
 """Where one sequential write's time goes: the hops of a PUT through the leader and a follower.
 
 ``bench.api_writes`` and ``bench.compare`` give a sequential PUT's latency (~2-2.5 ms here,
-etcd's ~1.2 ms, the HTTP stack's floor ~0.55 ms); py-spy gives where CPU goes. This gives
+etcd's ~1.2 ms, the HTTP stack's floor ~0.2-0.55 ms); py-spy gives where CPU goes. This gives
 where one request spends its time: the agents run with ``RAFTCRON_TRACE_DIR`` set, so every
 process notes the instants it passes the marks of ``raftlog.trace`` (CLOCK_MONOTONIC, one
 clock for the whole machine), and each PUT's interval is cut into hops by them:
@@ -12,9 +12,12 @@ clock for the whole machine), and each PUT's interval is cut into hops by them:
 
 (left of ``|`` on the leader, right of it on the follower whose journal held the entry first;
 the second ``|`` is the way back). ``woken`` (the raft thread taking a submit's wake-up) is not
-in the chain: a raft thread already awake takes the command without it. A hop's figure is the median over the PUTs of one cluster, then the
-median over repetitions. A PUT whose marks do not all fall inside its own interval (a
-keepalive's ``tx`` taken for the entries', an election) is left out and counted.
+in the chain: a raft thread already awake takes the command without it. A hop's figure is the
+median over the PUTs of one cluster, then the median over repetitions. A PUT with a mark
+missing from its interval (its entries sent with a heartbeat rather than eagerly, an
+election) is left out and counted; a mark of something else inside the interval can be taken
+for the PUT's own, which the stages are cut to withstand (see ``cut``). Beside the chain: the
+leader's own journal sync of the entry (``leader_sync``).
 
 In the same run: the same sequential PUTs to a cluster without marks (what the marks cost),
 and to a server that only answers 200 (``bench/floor.py``, the HTTP floor), each repetition.
@@ -103,11 +106,16 @@ async def _traced_puts(base: str, n: int, prefix: str) -> list[tuple[int, int]]:
 
 
 def _marks(trace_dir: Path, pid: int) -> list[tuple[int, str]]:
-    rows = []
+    """One process's marks, in time order. An agent that had to be killed wrote none (or half a
+    line): its PUTs are then left out, not the run."""
     path = trace_dir / f"{pid}.log"
-    for line in path.read_text(encoding="ascii").splitlines():
-        tag, at = line.split()
-        rows.append((int(at), tag))
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="ascii", errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            rows.append((int(parts[1]), parts[0]))
     rows.sort()
     return rows
 
@@ -122,13 +130,32 @@ def _next(rows: list[tuple[int, str]], tag: str, after: int, until: int) -> int 
     return None
 
 
-def _first_to_answer(leader: list[tuple[int, str]], followers: list[list[tuple[int, str]]], start: int,
-                     end: int) -> list[tuple[int, str]] | None:
-    """The marks of the follower whose journal held the PUT's entry first (its answer is the one
-    that commits it, as a rule); None when the entries went out other than by the eager send."""
-    sent = _next(leader, "send_entries", start, end)
-    if sent is None:
-        return None
+def chain(start: int, end: int, leader: list[tuple[int, str]],
+          followers: list[list[tuple[int, str]]]) -> tuple[list[tuple[str, int]], list[tuple[int, str]]] | None:
+    """One PUT's points: ``("client", start)``, then each mark of ``CHAIN`` in turn, the first
+    after the one before, then ``("client_end", end)``; with the marks of the follower taken
+    (the one whose journal held the entry first: its answer commits it, as a rule). None when a
+    mark is missing from the interval, or the entries went out other than by the eager send."""
+    points = [("client", start)]
+    prev = start
+    follower: list[tuple[int, str]] | None = None
+    for who, tag in CHAIN:
+        if who == "F" and follower is None:
+            follower = _first_to_hold(followers, prev, end)
+            if follower is None:
+                return None
+        at = _next(leader if who == "L" else follower or [], tag, prev, end)
+        if at is None:
+            return None
+        points.append((f"{who}:{tag}", at))
+        prev = at
+    points.append(("client_end", end))
+    assert follower is not None
+    return points, follower
+
+
+def _first_to_hold(followers: list[list[tuple[int, str]]], sent: int, end: int) -> list[tuple[int, str]] | None:
+    """Of the followers, the one that synced the entries sent at ``sent`` first."""
     synced = []
     for rows in followers:
         got = _next(rows, "entries_in", sent, end)
@@ -140,47 +167,42 @@ def _first_to_answer(leader: list[tuple[int, str]], followers: list[list[tuple[i
 
 def cut(spans: list[tuple[int, int]], leader: list[tuple[int, str]],
         followers: list[list[tuple[int, str]]]) -> tuple[dict[str, list[float]], int]:
-    """Each PUT's hops in microseconds (``"a->b"``), and how many PUTs were left out."""
+    """Each PUT's hops in microseconds (``"a->b"``), and how many PUTs were left out (``chain``).
+
+    A mark of something else inside a PUT's interval can be taken for the PUT's own: a frame
+    read (``rx``) of a heartbeat, a keepalive or the other follower, say. The stages
+    (``STAGES``) are cut so that each ``rx`` falls inside one of them, which such a mix-up
+    then leaves whole. A proposal of the leader loop's between the PUT's ``http_in`` and its own
+    ``propose`` would be taken for it too; that loop proposes every few seconds at most here."""
     hops: dict[str, list[float]] = {}
     left_out = 0
     for start, end in spans:
-        follower = _first_to_answer(leader, followers, start, end)
-        if follower is None:
+        got = chain(start, end, leader, followers)
+        if got is None:
             left_out += 1
             continue
-        points = [("client", start)]
-        prev = start
-        for who, tag in CHAIN:
-            at = _next(leader if who == "L" else follower, tag, prev, end)
-            if at is None:
-                break
-            points.append((f"{who}:{tag}", at))
-            prev = at
-        else:
-            points.append(("client_end", end))
-            for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
-                hops.setdefault(f"{a}->{b}", []).append((tb - ta) / 1e3)
-            continue
-        left_out += 1
+        points = got[0]
+        for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
+            hops.setdefault(f"{a}->{b}", []).append((tb - ta) / 1e3)
     return hops, left_out
 
 
 def leader_sync(spans: list[tuple[int, int]], leader: list[tuple[int, str]],
                 followers: list[list[tuple[int, str]]]) -> dict[str, Any]:
-    """The leader's own journal sync of each PUT's entry (not in the chain: Raft lets it run
-    beside the followers'): how long it took, how long after the eager send it began, and how
-    often it ended after the first follower's answer had left (the leader then takes that
-    answer only once its own sync is done)."""
+    """The leader's own journal sync of each PUT's entry, for the PUTs ``cut`` keeps (not in the
+    chain: Raft lets it run beside the followers'): how long it took, how long after the eager
+    send it began, and how often it ended after the first follower's answer had left (the
+    leader then takes that answer only once its own sync is done)."""
     took, began, after = [], [], 0
     for start, end in spans:
-        follower = _first_to_answer(leader, followers, start, end)
-        sent = _next(leader, "send_entries", start, end)
-        if follower is None or sent is None:
+        got = chain(start, end, leader, followers)
+        if got is None:
             continue
+        points = dict(got[0])
+        sent, answered = points["L:send_entries"], points["F:tx"]
         sync = _next(leader, "disk_sync", sent, end)
         synced = _next(leader, "disk_synced", sync, end) if sync is not None else None
-        answered = _next(follower, "tx", _next(follower, "synced", sent, end) or end, end)
-        if sync is None or synced is None or answered is None:
+        if sync is None or synced is None:
             continue
         took.append((synced - sync) / 1e3)
         began.append((sync - sent) / 1e3)

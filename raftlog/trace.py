@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 from typing import TextIO
 
@@ -57,11 +58,14 @@ def _open() -> TextIO | None:
 
 
 _out = _open()
+_lock = threading.Lock()  # the raft thread and the event loop's both mark; a text file is not thread-safe
 
 
 def _write(tag: str) -> None:
     assert _out is not None
-    _out.write(f"{tag} {time.monotonic_ns()}\n")
+    line = f"{tag} {time.monotonic_ns()}\n"
+    with _lock:
+        _out.write(line)
 
 
 def _nothing(tag: str) -> None:

@@ -327,7 +327,7 @@ class LeaderLoop:
             self._note_unplanning(mono)
             return  # the clocks are not judged yet: a leader with a far clock must not plan by it
         if self._unplanning_since is not None:
-            if mono - self._unplanning_since >= NOT_PLANNING_SAY:
+            if self._unplanning_said >= self._unplanning_since:  # its warning was said
                 log.info("planning again, after %.0fs without a planning instant", mono - self._unplanning_since)
             self._unplanning_since = None
         now = planned_now

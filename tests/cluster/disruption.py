@@ -113,7 +113,7 @@ class Round:
     term_before: int
     leader_after: str
     term_after: int
-    went_away_s: float  # until the leader saw the follower unreachable (cut) or 0 (pause)
+    went_away_s: float  # until the leader saw the follower unreachable (cut) or 0 (pause, restart)
     settled_s: float  # from the heal until the cluster agreed again
 
     @property
@@ -132,8 +132,8 @@ class Round:
 def take_away(cluster: Cluster, follower: Node, how: str, seconds: float = CUT_SECONDS,
               settle_timeout: float = SETTLE_TIMEOUT) -> Round:
     """Cut (``how="cut"``) or SIGSTOP (``"pause"``) ``follower`` for ``seconds``, or kill -9 it and
-    start it again at once (``"restart"``), give it back, and wait until the cluster agrees on a leader again; the terms before and after say
-    whether it took an election."""
+    start it again at once (``"restart"``); give it back and wait until the cluster agrees on a
+    leader again. The terms before and after say whether it took an election."""
     leader_before, term_before = wait_for("the cluster to agree before the round", lambda: agreed(cluster),
                                           settle_timeout)
     assert leader_before != follower.name, f"{follower.name} leads; it must be a follower"

@@ -76,7 +76,7 @@ def test_a_put_whose_entries_went_out_otherwise_is_left_out_and_counted() -> Non
     assert hops == {} and left_out == 1
     leader2: Rows = []
     start, end = _put(1_000_000, leader2, followers := [[], []])
-    leader2[:] = [r for r in leader2 if r[1] != "http_out"]  # a mark outside the PUT's interval
+    leader2[:] = [r for r in leader2 if r[1] != "http_out"]  # a mark missing from the PUT's interval
     hops, left_out = cut([(start, end)], leader2, followers)
     assert hops == {} and left_out == 1
 
@@ -94,6 +94,25 @@ def test_the_leaders_own_sync_is_timed_and_said_when_it_ended_after_the_answer_l
     assert got["took_p50_us"] == pytest.approx(125.0)  # the median of 50 and 200
     assert got["began_after_send_p50_us"] == pytest.approx(16.0)  # the first tx 10 us after the send, then 6
     assert got["ended_after_the_answer_left"] == 0.5  # the 200 us one
+
+
+def test_a_frame_of_something_else_read_inside_a_put_leaves_its_stages_whole() -> None:
+    leader: Rows = []
+    followers: list[Rows] = [[], []]
+    spans = [_put(1_000_000, leader, followers)]
+    clean = _stage_us(cut(spans, sorted(leader), [sorted(f) for f in followers])[0])
+    # A keepalive read by each follower just after the leader's send, and a heartbeat's
+    # answer (sync, synced, tx) by follower 0 before the entries reached it.
+    sent = next(t for t, tag in leader if tag == "send_entries")
+    followers[0] += [(sent + 15_000, "rx"), (sent + 16_000, "sync"), (sent + 17_000, "synced"), (sent + 18_000, "tx")]
+    followers[1].append((sent + 15_000, "rx"))
+    leader.append((sent + 60_000, "rx"))  # and a frame the leader read while the followers synced
+    hops, left_out = cut(spans, sorted(leader), [sorted(f) for f in followers])
+    assert left_out == 0
+    assert hops["L:tx->F:rx"] != [20.0], "the keepalive's frame was taken for the entries'"
+    assert _stage_us(hops) == clean
+    got = leader_sync(spans, sorted(leader), [sorted(f) for f in followers])
+    assert got["ended_after_the_answer_left"] == 0.0, "the heartbeat's answer is not the entry's"
 
 
 def test_marks_go_to_a_file_per_process_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
