@@ -62,7 +62,7 @@ from .rig import (
 
 WARMUP = 50  # PUTs before the measured ones: connections made, caches warm
 
-# (process, mark) in the order a write passes them; "F" is the follower that answered first.
+# (process, mark) in the order a write passes them; "F" is the follower whose journal held the entry first.
 CHAIN: tuple[tuple[str, str], ...] = (
     ("L", "http_in"), ("L", "propose"), ("L", "send_entries"), ("L", "tx"),
     ("F", "rx"), ("F", "entries_in"), ("F", "sync"), ("F", "synced"), ("F", "tx"),
