@@ -177,13 +177,15 @@ class Service:
 
     # ---- jobs -------------------------------------------------------------------
 
-    async def put_job(self, job: Job, *, create_only: bool = False) -> dict[str, Any]:
+    async def put_job(self, job: Job, *, create_only: bool = False, at_us: int | None = None) -> dict[str, Any]:
+        """``at_us``: the edit's instant (``cluster_now_us``), when the caller read it already."""
         # Checked here, not in parse_job: a job stored before RE2 matched expect_body must
         # still parse in apply, while a new one must not hold a pattern the executor refuses.
         if job.http is not None and job.http.expect_body is not None:
             if problem := check_body_pattern(job.http.expect_body):
                 raise ValidationFailed([{"field": "http.expect_body", "message": problem}])
-        cmd = PutJob(at_us=self.cluster_now_us(), spec=job.to_doc(), expect_version=0 if create_only else None)
+        cmd = PutJob(at_us=self.cluster_now_us() if at_us is None else at_us, spec=job.to_doc(),
+                     expect_version=0 if create_only else None)
         result, retried = await self.propose(cmd, parsed=job)
         if isinstance(result, Rejected):
             rec = self.state.jobs.get(job.name)

@@ -40,6 +40,28 @@ async def test_post_creates_201_then_409_for_the_same_name(api: Cluster) -> None
     assert kept["spec"]["description"] == "" and kept["version"] == 1
 
 
+async def test_a_put_reads_the_cluster_clock_once_and_its_view_is_dated_by_the_edit(
+        api: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edit's stamp and the view's next slots come from one reading (each costs a busy
+    leader a look at the raft node's status)."""
+    readings: list[int] = []
+    stamp = 1_900_000_000_000_000 + 123  # a fixed instant: 2030-03-17, 17:46:40.000123
+    service = api.service
+
+    def reading() -> int:
+        readings.append(stamp)
+        return stamp
+
+    monkeypatch.setattr(service, "cluster_now_us", reading)
+    name = api.name()
+    resp = await api.client.put(f"/v1/jobs/{name}", json=api.doc(name, schedule="*/10 * * * *", timezone="UTC"))
+    body = await resp.json()
+    assert resp.status == 201, body
+    assert readings == [stamp]
+    assert api.state.jobs[name]["updated_us"] == stamp
+    assert body["status"]["next_slots"][0] == "2030-03-17T17:50:00Z"
+
+
 async def test_answers_are_utf8_json_and_keep_text_as_sent(api: Cluster) -> None:
     name = api.name()
     text = "Überweisung prüfen, 日次 \u2603, \U0001f600 and a \"quote\" \\ back"
