@@ -82,7 +82,8 @@ class NodeConfig:
     data_dir: Path
     secret: str
     # Timing, chosen from bench/ measurements on a 2-core machine (README, "Benchmarks").
-    # Batched AppendEntries, a heartbeat every 20 ms, and _Pacer's eager sends between them.
+    # Batched AppendEntries, a heartbeat every 20 ms (checked each tick: 20-40 ms apart), and
+    # _Pacer's eager sends between them.
     # pysyncobj's unbatched mode (batch_append=False, one message per command) cost twice the
     # CPU per run, and its overlapping re-sends made pysyncobj truncate and re-append entries
     # it had applied (reports waited seconds for commits, leases lapsed); _Pacer trims those.
@@ -232,7 +233,7 @@ class RaftNode:
         self._contact = 0.0  # see leader_contact_age
         self._journal: _DurableJournal | None = None  # set once the node runs, when fsync is on
         self._status_lock = threading.Lock()
-        self._space = Space(config.data_dir, config.min_free)
+        self._space = Space(config.data_dir, config.min_free, reuse=0.0)  # read once a second anyway
         self._last_space_check = 0.0
         self._fatal: OSError | None = None  # the journal's failed sync, once there was one
         self._restore_failed: Exception | None = None  # a snapshot the state machine refused to restore
@@ -450,7 +451,7 @@ class RaftNode:
         """Seconds since this node last knew it was in touch with a leader that has a quorum.
 
         A follower: since the last AppendEntries it took from its leader (heartbeats come
-        every 20 ms). The leader: since the answer that completes a majority, counting itself
+        every 20-40 ms). The leader: since the answer that completes a majority, counting itself
         (always now with no other members). ``inf`` before either. Noted by the raft thread
         each tick (``_contact_at``), so a stalled raft thread reads as out of touch too; read
         from any thread.

@@ -57,6 +57,7 @@ class _Pacer:
         self._sent_commit = 0
         self._forwarded = False  # a follower forwarded a command since the last tick
         self._awaited_upto = 0  # the newest entry a follower's forwarded command waits on
+        self._alone_woke_for = 0  # the last entry a leader without followers woke its poll for
         self._deliver = host._SyncObj__onMessageReceived
         # Peer id -> the entry forms it announced it applies, from its newest keepalive
         # (``RaftNode.peers_apply``); each value replaced whole, so any thread may read it.
@@ -93,6 +94,16 @@ class _Pacer:
             self._forwarded = False
             self._awaited_upto = last
         commit = host._SyncObj__raftCommitIndex
+        if not host.otherNodes:
+            # Alone, a leader counts its commit at the top of a tick, and an entry submitted
+            # during the poll is appended later in the tick; no follower's answer will end the
+            # next poll, so the entry waited out a whole tick period (20 ms) to commit. The
+            # poll ends at once instead, after this tick's sync. Once per entry: a commit that
+            # cannot move (an old term's entry) must not spin the thread.
+            if last > commit and last != self._alone_woke_for:
+                self._alone_woke_for = last
+                self.wake()
+            return
         # A commit index alone is worth a message only to a follower whose client waits for
         # it; otherwise it rides on the next entries or the periodic heartbeat.
         tell_commit = commit > self._sent_commit and self._awaited_upto > self._sent_commit

@@ -23,7 +23,7 @@ from pysyncobj.encryptor import getEncryptor
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raftlog.connection import DEFAULT_LIMITS, PREAUTH_FRAME_LIMIT, FrameLimits, GuardedConnection
+from raftlog.connection import DEFAULT_LIMITS, PREAUTH_FRAME_LIMIT, STORE_BELOW, FrameLimits, GuardedConnection
 from raftlog.listener import GuardedListener
 
 HEADER = struct.Struct("i")
@@ -190,26 +190,35 @@ def test_a_real_peers_handshake_frames_fit_the_preauthentication_limit(pairs: An
     assert 100 < len(first) < 400 and len(second) < 400  # the figures documented in the module
 
 
-def test_frames_go_uncompressed_in_pysyncobjs_format_and_a_compressed_frame_still_reads(pairs: Any) -> None:
-    """Every frame is pysyncobj's (length, zlib stream of a pickle), its bytes stored as they
-    are: compressing an AppendEntries' ~500 bytes cost the leader ~20 us a frame for ~15 %. A
-    frame a release that compressed sends (level 3) is read as before."""
-    entries = [(b"job-%d " % i + b"x" * 400, i, 7) for i in range(20)]  # compressible, as job documents are
-    message = {"type": "append_entries", "term": 7, "entries": entries}
-    frame = _encode(message)
-    (length,) = HEADER.unpack(frame[:4])
-    body = frame[4:]
-    assert length == len(body)
-    pickled = pysyncobj_pickle.dumps(message)
-    assert zlib.decompress(body) == pickled  # what pysyncobj's own connection reads
-    assert len(body) >= len(pickled)  # stored: level 3 made it an eighteenth of that
+def test_small_frames_go_stored_large_ones_compressed_in_pysyncobjs_format_and_older_frames_read(pairs: Any) -> None:
+    """Every frame is pysyncobj's (length, zlib stream of a pickle). Under ``STORE_BELOW`` bytes
+    its bytes are stored as they are: compressing an AppendEntries of one entry cost the leader
+    ~20 us a frame for a quarter of ~670 bytes. A larger frame is compressed. A frame a release
+    that compressed everything at level 3 sends is read as before."""
+    def entries(n: int) -> list[tuple[bytes, int, int]]:
+        return [(b"job-%d " % i + b"x" * 400, i, 7) for i in range(n)]  # compressible, as job documents are
+
+    small = {"type": "append_entries", "term": 7, "entries": entries(1)}
+    large = {"type": "append_entries", "term": 7, "entries": entries(20)}
+    bodies = []
+    for message in (small, large):
+        frame = _encode(message)
+        (length,) = HEADER.unpack(frame[:4])
+        body = frame[4:]
+        assert length == len(body)
+        assert zlib.decompress(body) == pysyncobj_pickle.dumps(message)  # what pysyncobj's own connection reads
+        bodies.append(body)
+    small_pickle, large_pickle = (len(pysyncobj_pickle.dumps(m)) for m in (small, large))
+    assert small_pickle < STORE_BELOW <= large_pickle
+    assert len(bodies[0]) >= small_pickle  # stored: level 3 made this one a quarter of that
+    assert len(bodies[1]) < large_pickle / 10  # compressed
     poller = Poller()
     mine, theirs = pairs()
     _, got = _incoming(poller, theirs)
-    older = zlib.compress(pysyncobj_pickle.dumps(message), 3)
-    mine.send(HEADER.pack(len(older)) + older + frame)
+    older = zlib.compress(pysyncobj_pickle.dumps(small), 3)
+    mine.send(HEADER.pack(len(older)) + older + HEADER.pack(len(bodies[0])) + bodies[0])
     poller.fire(theirs.fileno(), READ)
-    assert got.messages == [message, message]
+    assert got.messages == [small, small]
 
 
 def _authenticated_pair(pairs: Any, limits: FrameLimits) -> tuple[GuardedConnection, Received, GuardedConnection,

@@ -70,7 +70,7 @@ def test_an_unreadable_directory_reads_as_full_every_time_and_a_clock_going_back
     disk.broken = True
     assert space.short() == 0
     disk.broken = False
-    assert space.short() is None  # read again, not the reading from before the error
+    assert space.short() is None  # the error is not kept: read again
     assert disk.reads == 4
 
 
