@@ -1,0 +1,139 @@
+"""Where each agent's CPU goes, thread by thread: idle, then under writes at the leader.
+
+On each of ``--repeat`` fresh 3-node clusters: every thread's CPU time (user and system, from
+``/proc/<pid>/task/<tid>/stat``) over ``--idle`` seconds of an idle cluster, then over
+``--seconds`` of ``--inflight`` concurrent PUTs to the leader (after 3 s of the same load not
+counted). Threads are named as the OS shows them: ``main`` is the event loop (the process's
+first thread), ``raftcron-raft`` the raft thread, others by their name (``python`` when
+unnamed). Reported per node and role: cores while idle, and per write the CPU of each thread.
+
+    python -m bench.threads                 # 3 clusters, ~2 minutes
+    python -m bench.threads --ab NAME       # and copy the JSON to bench/ab/NAME.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .api_writes import saturate
+from .bulk import AB
+from .rig import common_args, fresh_cluster, leader_of, machine, median_of, table, write_results
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_times(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, float, float]]:
+    """Every thread of ``pid``: tid -> (name, user seconds, system seconds); ``main`` for the
+    first thread. Threads that end while read are left out."""
+    out: dict[int, tuple[str, float, float]] = {}
+    try:
+        tids = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = (proc / str(pid) / "task" / tid / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        utime, stime = int(fields[11]) / TICKS, int(fields[12]) / TICKS  # stat's fields 14 and 15
+        out[int(tid)] = ("main" if int(tid) == pid else name, utime, stime)
+    return out
+
+
+def spent(before: dict[int, tuple[str, float, float]], after: dict[int, tuple[str, float, float]]
+          ) -> dict[str, dict[str, float]]:
+    """CPU seconds between two readings, summed by thread name: {name: {"user", "system"}}."""
+    by_name: dict[str, dict[str, float]] = {}
+    for tid, (name, user, system) in after.items():
+        _, user0, system0 = before.get(tid, (name, 0.0, 0.0))
+        row = by_name.setdefault(name, {"user": 0.0, "system": 0.0})
+        row["user"] += user - user0
+        row["system"] += system - system0
+    return {name: {k: round(v, 3) for k, v in row.items()} for name, row in by_name.items()}
+
+
+def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
+    with fresh_cluster(f"threads-{r}", keep=a.keep) as cluster:
+        leader = leader_of(cluster)
+        pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
+        roles = {n.name: "leader" if n is leader else "follower" for n in cluster.nodes}
+        time.sleep(2.0)  # the start's own work settles
+        before = {n: thread_times(pid) for n, pid in pids.items()}
+        time.sleep(a.idle)
+        idle = {n: spent(before[n], thread_times(pid)) for n, pid in pids.items()}
+        asyncio.run(saturate(leader.url, 10**9, 3.0, a.inflight, f"warm{r}"))
+        before = {n: thread_times(pid) for n, pid in pids.items()}
+        t0 = time.monotonic()
+        load = asyncio.run(saturate(leader.url, 10**9, a.seconds, a.inflight, f"t{r}"))
+        wall = time.monotonic() - t0
+        busy = {n: spent(before[n], thread_times(pid)) for n, pid in pids.items()}
+    writes = load["ok"]
+    run = {"repetition": r, "roles": roles, "idle_seconds": a.idle, "load_seconds": round(wall, 3), "writes": writes,
+           "writes_per_s": round(writes / wall, 1), "errors": load["errors"], "idle": idle, "load": busy}
+    print(f"[bench] repetition {r}: {run['writes_per_s']:.0f} writes/s; idle: "
+          + ", ".join(f"{n} {sum(t['user'] + t['system'] for t in idle[n].values()) / a.idle:.3f} cores" for n in pids))
+    return run
+
+
+def per_write_us(run: dict[str, Any], node: str, name: str) -> float | None:
+    row = run["load"][node].get(name)
+    if row is None or not run["writes"]:
+        return None
+    return 1e6 * (row["user"] + row["system"]) / run["writes"]
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repetitions, by role: the leader, and the followers taken together."""
+    def by_role(run: dict[str, Any], role: str) -> list[str]:
+        return [n for n, r in run["roles"].items() if r == role]
+
+    out: dict[str, Any] = {"writes_per_s": median_of(r["writes_per_s"] for r in runs)}
+    out["idle_cores_three"] = median_of(
+        sum(t["user"] + t["system"] for n in r["idle"] for t in r["idle"][n].values()) / r["idle_seconds"] for r in runs)
+    for role in ("leader", "follower"):
+        names = sorted({name for r in runs for n in by_role(r, role) for name in r["load"][n]})
+        out[f"{role}_us_per_write"] = {
+            name: median_of(per_write_us(r, n, name) for r in runs for n in by_role(r, role)) for name in names}
+        out[f"{role}_system_us_per_write"] = median_of(
+            1e6 * sum(t["system"] for t in r["load"][n].values()) / r["writes"]
+            for r in runs for n in by_role(r, role) if r["writes"])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_args(p, repeat=3)
+    p.add_argument("--seconds", type=float, default=10.0, help="seconds of writes measured per cluster (default 10)")
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of the idle cluster measured first (default 10)")
+    p.add_argument("--inflight", type=int, default=64, help="concurrent PUTs to the leader (default 64)")
+    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    a = p.parse_args()
+    if a.quick:
+        a.repeat, a.seconds, a.idle = 1, 5.0, 5.0
+    doc: dict[str, Any] = {"benchmark": "threads", "machine": machine(), "params": vars(a), "runs": []}
+    for r in range(1, a.repeat + 1):
+        doc["runs"].append(one_repetition(r, a))
+    doc["summary"] = s = summarise(doc["runs"])
+    rows = [(role, name, f"{us:.0f}" if us is not None else "-")
+            for role in ("leader", "follower") for name, us in s[f"{role}_us_per_write"].items()]
+    print()
+    print(table(["role", "thread", "CPU us per write (median)"], rows))
+    print(f"\nwrites/s {s['writes_per_s']:.0f}; three idle agents {s['idle_cores_three']:.3f} cores; "
+          f"system time per write: leader {s['leader_system_us_per_write']:.0f} us, "
+          f"a follower {s['follower_system_us_per_write']:.0f} us")
+    path = write_results("threads", doc)
+    if a.ab:
+        AB.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, AB / f"{a.ab}.json")
+
+
+if __name__ == "__main__":
+    main()
