@@ -6,12 +6,13 @@ waited out the rest of a tick period. ``_Pacer.on_tick`` now ends that poll."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from raftlog.node import NodeConfig, RaftNode
+from raftlog.node import RAFT_THREAD_NAME, NodeConfig, RaftNode
 from raftlog.pacing import _Pacer
 from tests.unit.test_raft_compaction import Weighed
 from tests.unit.test_raft_pacing import FakeHost, entries
@@ -56,6 +57,8 @@ def test_a_node_alone_commits_writes_well_inside_one_tick_period(tmp_path: Path)
         while not node.is_leader():
             assert time.monotonic() < deadline, "the node never led"
             time.sleep(0.05)
+        names = {(task / "comm").read_text().strip() for task in Path(f"/proc/{os.getpid()}/task").iterdir()}
+        assert RAFT_THREAD_NAME in names  # as top -H and bench.threads show it
         took = []
         for _ in range(3):
             done = threading.Event()

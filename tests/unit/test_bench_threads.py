@@ -1,0 +1,54 @@
+"""bench.threads reads each thread's CPU from /proc and sums it by thread name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.threads import TICKS, spent, summarise, thread_times
+
+
+def _stat(tid: int, name: str, utime: int, stime: int) -> str:
+    # pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    return f"{tid} ({name}) S 1 1 1 0 -1 4194560 10 0 0 0 {utime} {stime} 0 0 20 0 3 0 100 0 0\n"
+
+
+def _proc(root: Path, pid: int, threads: dict[int, tuple[str, int, int]]) -> None:
+    for tid, (name, utime, stime) in threads.items():
+        d = root / str(pid) / "task" / str(tid)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "stat").write_text(_stat(tid, name, utime, stime))
+
+
+def test_threads_are_read_by_name_and_summed_between_two_readings(tmp_path: Path) -> None:
+    _proc(tmp_path, 40, {40: ("python", 10, 2), 41: ("raftcron-raft", 50, 5), 42: ("python", 1, 0),
+                         43: ("a (b) c", 0, 0)})  # a name holding parentheses and spaces
+    before = thread_times(40, tmp_path)
+    assert before[40] == ("main", 10 / TICKS, 2 / TICKS)
+    assert before[43][0] == "a (b) c"
+    _proc(tmp_path, 40, {40: ("python", 30, 4), 41: ("raftcron-raft", 90, 9), 42: ("python", 3, 1),
+                         44: ("python", 2, 2)})  # 44 started meanwhile
+    (tmp_path / "40" / "task" / "43" / "stat").unlink()  # 43 ended meanwhile
+    got = spent(before, thread_times(40, tmp_path))
+    assert got == {"main": pytest.approx({"user": 20 / TICKS, "system": 2 / TICKS}),
+                   "raftcron-raft": pytest.approx({"user": 40 / TICKS, "system": 4 / TICKS}),
+                   "python": pytest.approx({"user": 4 / TICKS, "system": 3 / TICKS})}
+    assert thread_times(999, tmp_path) == {}  # a process gone
+
+
+def test_the_summary_is_per_write_by_role() -> None:
+    run = {"roles": {"n1": "leader", "n2": "follower", "n3": "follower"}, "idle_seconds": 10.0, "writes": 1000,
+           "writes_per_s": 100.0,
+           "idle": {n: {"main": {"user": 0.1, "system": 0.0}, "raftcron-raft": {"user": 0.4, "system": 0.0}}
+                    for n in ("n1", "n2", "n3")},
+           "load": {"n1": {"main": {"user": 0.5, "system": 0.1}, "raftcron-raft": {"user": 0.2, "system": 0.0}},
+                    "n2": {"main": {"user": 0.03, "system": 0.0}, "raftcron-raft": {"user": 0.3, "system": 0.0}},
+                    "n3": {"main": {"user": 0.03, "system": 0.0}, "raftcron-raft": {"user": 0.2, "system": 0.1}}}}
+    s = summarise([run])
+    assert s["writes_per_s"] == 100.0
+    assert s["idle_cores_three"] == pytest.approx(0.15)
+    assert s["leader_us_per_write"] == pytest.approx({"main": 600.0, "raftcron-raft": 200.0})
+    assert s["follower_us_per_write"] == pytest.approx({"main": 30.0, "raftcron-raft": 300.0})
+    assert s["leader_system_us_per_write"] == pytest.approx(100.0)
+    assert s["follower_system_us_per_write"] == pytest.approx(50.0)
