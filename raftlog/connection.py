@@ -57,7 +57,7 @@ READ_PER_EVENT = 2**20
 # quarter for ~20-25 us of the sender's CPU against ~3 us stored, on every frame (on the
 # leader's raft thread, one frame per follower per write). A larger one (a batch of entries, a
 # snapshot chunk) is compressed at level 1, a little faster than level 3 for about its size: a
-# 64 KiB snapshot chunk of job records pickles to ~77 KiB and goes out as ~12 KiB for 0.43 ms
+# 64 KiB snapshot chunk of job records pickles to ~77 KiB and compresses to ~12 KiB in 0.43 ms
 # (0.05 ms stored). Stored, a snapshot sent to a follower would also sit in the leader's send
 # buffer at six times the size (pysyncobj sends its chunks without waiting for the wire).
 STORE_BELOW = 4096

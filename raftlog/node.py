@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -124,11 +125,13 @@ RAFT_THREAD_NAME = "raftcron-raft"
 
 def name_os_thread(name: str) -> None:
     """Name the calling thread for the OS (Linux ``prctl(PR_SET_NAME)``, 15 bytes at most);
-    elsewhere, or if it fails, nothing happens."""
+    elsewhere, or if it fails, nothing happens: a name is for people, nothing depends on it."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
-    except (OSError, AttributeError):
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # 15: PR_SET_NAME
+    except Exception:  # noqa: BLE001 - see above
         pass
 
 

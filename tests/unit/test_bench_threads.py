@@ -31,9 +31,10 @@ def test_threads_are_read_by_name_and_summed_between_two_readings(tmp_path: Path
                          44: ("python", 2, 2)})  # 44 started meanwhile
     (tmp_path / "40" / "task" / "43" / "stat").unlink()  # 43 ended meanwhile
     got = spent(before, thread_times(40, tmp_path))
-    assert got == {"main": pytest.approx({"user": 20 / TICKS, "system": 2 / TICKS}),
-                   "raftcron-raft": pytest.approx({"user": 40 / TICKS, "system": 4 / TICKS}),
-                   "python": pytest.approx({"user": 4 / TICKS, "system": 3 / TICKS})}
+    near = 1e-3  # spent() rounds to milliseconds
+    assert got == {"main": pytest.approx({"user": 20 / TICKS, "system": 2 / TICKS}, abs=near),
+                   "raftcron-raft": pytest.approx({"user": 40 / TICKS, "system": 4 / TICKS}, abs=near),
+                   "python": pytest.approx({"user": 4 / TICKS, "system": 3 / TICKS}, abs=near)}
     assert thread_times(999, tmp_path) == {}  # a process gone
 
 
