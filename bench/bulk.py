@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import itertools
 import multiprocessing as mp
-import shutil
 import time
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
@@ -48,7 +47,6 @@ from .rig import (
     write_results,
 )
 
-AB = Path(__file__).resolve().parent / "ab"
 WAYS = ("batch", "single")
 
 
@@ -292,9 +290,7 @@ def main() -> None:
     print(table(["way", "jobs/s (median)", "runs", "worst health ms (median)", "runs", "RSS MB per agent (max)"],
                 [[s["way"], f"{s['rate']:.0f}", s["rates"], ms(s["worst_health"]), s["worst_healths"],
                   s["rss_mb_max"]] for s in doc["summary"]]))
-    path = write_results("bulk", doc)
-    if a.ab:
-        shutil.copy(path, AB / f"{a.ab}.json")
+    write_results("bulk", doc, ab=a.ab)
 
 
 def _summarise(runs: list[dict[str, Any]], ways: list[str]) -> list[dict[str, Any]]:

@@ -44,10 +44,11 @@ import aiohttp
 
 from tests.cluster.harness import Cluster, Node
 
-from .bulk import AB, _send
+from .bulk import _send
 from .lateness import SinkFarm, _epoch
 from .profile import top
 from .rig import (
+    AB,
     RESULTS,
     CpuMeter,
     common_args,

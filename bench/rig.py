@@ -30,6 +30,7 @@ __all__ = ["RESULTS", "AGENT_FLAGS", "common_args", "fresh_cluster", "machine", 
            "stop_process", "free_port", "cpu_seconds", "agents_cpu", "CpuMeter"]
 
 RESULTS = ROOT / "bench" / "results"
+AB = ROOT / "bench" / "ab"  # committed JSON behind published figures (`--ab NAME`)
 AGENT_FLAGS = ["--log-level", "warning"]
 SECRET = "bench-secret-of-at-least-thirty-two-bytes"
 
@@ -187,13 +188,17 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
 
 
-def write_results(name: str, doc: dict[str, Any]) -> Path:
+def write_results(name: str, doc: dict[str, Any], ab: str | None = None) -> Path:
+    """``bench/results/<name>.json``; with ``ab``, a copy at ``bench/ab/<ab>.json`` too."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     if isinstance(doc.get("machine"), dict):
         doc["machine"]["load_at_end"] = load()
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     print(f"\n[bench] wrote {path.relative_to(ROOT)}")
+    if ab:
+        AB.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, AB / f"{ab}.json")
     return path
 
 

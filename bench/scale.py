@@ -56,7 +56,7 @@ import aiohttp
 
 from tests.cluster.harness import ROOT, Cluster, wait_for
 
-from .bulk import AB, Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb, rss_parts_mb
+from .bulk import Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb, rss_parts_mb
 from .failover import _first_write
 from .lateness import SinkFarm
 from .rig import RESULTS, common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
@@ -417,9 +417,7 @@ def main() -> None:
         )
     s = doc["summary"]
     print(table(["figure", "median"], [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in s.items()]))
-    path = write_results("scale", doc)
-    if a.ab:
-        shutil.copy(path, AB / f"{a.ab}.json")
+    write_results("scale", doc, ab=a.ab)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from .api_writes import saturate
-from .bulk import AB
 from .rig import common_args, fresh_cluster, leader_of, machine, median_of, table, write_results
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -129,10 +127,7 @@ def main() -> None:
     print(f"\nwrites/s {s['writes_per_s']:.0f}; three idle agents {s['idle_cores_three']:.3f} cores; "
           f"system time per write: leader {s['leader_system_us_per_write']:.0f} us, "
           f"a follower {s['follower_system_us_per_write']:.0f} us")
-    path = write_results("threads", doc)
-    if a.ab:
-        AB.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, AB / f"{a.ab}.json")
+    write_results("threads", doc, ab=a.ab)
 
 
 if __name__ == "__main__":

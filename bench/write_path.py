@@ -46,7 +46,6 @@ import aiohttp
 from raftlog.trace import ENV
 
 from .api_writes import job_doc, sequential
-from .bulk import AB
 from .rig import (
     common_args,
     free_port,
@@ -307,10 +306,7 @@ def main() -> None:
               f"follower's answer had left in {s['leader_sync_ended_after_the_answer_left']:.0%} of the PUTs")
     print(f"\nsequential PUT p50: traced {s['traced_p50_us']:.0f} us, untraced {s['untraced_p50_us']:.0f} us, "
           f"HTTP floor {s['floor_p50_us']:.0f} us")
-    path = write_results("write_path", doc)
-    if a.ab:
-        AB.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, AB / f"{a.ab}.json")
+    write_results("write_path", doc, ab=a.ab)
 
 
 if __name__ == "__main__":
