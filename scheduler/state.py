@@ -52,7 +52,7 @@ from .commands import (
 from .errors import ValidationFailed
 from .model import Job, parse_job
 from .runtable import Slices
-from .store import Store
+from .store import Store, array_header
 
 __all__ = ["State", "Rejected", "Applied", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS"]
 
@@ -448,7 +448,7 @@ class State(Store):
             ("active", list(self.active)),
             ("dead", list(self.dead)),
             ("pending_deps", self.pending_deps.copy()),
-            ("notes", self.notes.copy()),
+            ("notes", self.notes.packed()),
             ("alerts", self.alerts.copy()),
             ("clocks", self.clocks.copy()),
         ]
@@ -531,7 +531,10 @@ class State(Store):
                         if list(ids) != fresh.runs.ids_of(job):
                             raise CodecError(f"state snapshot lists runs of job {job!r} its records do not hold")
                 elif name == "notes":
-                    fresh.notes.update((k, tuple(v)) for k, v in items)
+                    try:
+                        fresh.notes.load(items)
+                    except (ValueError, TypeError, OverflowError) as exc:
+                        raise CodecError(f"state snapshot holds bad notes: {exc}") from exc
                 elif name in sets:
                     sets[name].update(dict.fromkeys(items))
             if version >= 2 and not ended:
@@ -620,6 +623,9 @@ def _pack_sections(sections: list[tuple[str, Slices | dict[Any, Any] | Iterator[
                 yield pack([name, chunk])
             continue
         for chunk in _chunks(items):
+            if name == "notes":
+                yield _notes_chunk(chunk)
+                continue
             if name == "jobs" and shared is not None:
                 chunk = [(job, shared.record(rec)) for job, rec in chunk]
                 if shared.fresh:
@@ -628,6 +634,14 @@ def _pack_sections(sections: list[tuple[str, Slices | dict[Any, Any] | Iterator[
             yield pack([name, chunk])
     if shared is not None:
         yield pack(["end", []])  # version 2: a snapshot cut at a chunk's end is told from a whole one
+
+
+def _notes_chunk(chunk: list[tuple[str, bytes]]) -> bytes:
+    """``pack(["notes", chunk])`` with each job's notes as the maps they were, made from their
+    packed forms (``Notes``) without unpacking them: the same bytes, every version alike."""
+    name = msgpack.Packer(use_bin_type=True).pack  # this thread's own: the raft thread packs notes too
+    return b"".join([array_header(2), pack("notes"), array_header(len(chunk)),
+                     *(part for job, notes in chunk for part in (b"\x92", name(job), notes))])
 
 
 def _unpack_sections(data: bytes, table: list[Any]) -> Iterator[tuple[str, list[Any]]]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import tracemalloc
 from typing import Any
 
+import msgpack
+
 from scheduler.commands import Claim, ClaimSlots, FinishRuns, JobPlanning, PauseJob, PutJobs, RegisterNode, StartRuns
 from scheduler.state import State
 from tests.unit.test_policy import MIN, T0, _apply
@@ -102,9 +104,9 @@ def test_notes_keep_the_newest_and_are_never_changed_in_place(monkeypatch: Any) 
     state = State()
     for i in range(5):
         state.note("a", {"at_us": i, "decision": "paused", "reason": str(i)})
-        held = state.notes["a"]
-        assert isinstance(held, tuple)
+        held = state.notes.packed()["a"]  # what a capture holds: one immutable value a job
+        assert isinstance(held, bytes)
     assert [n["at_us"] for n in state.notes["a"]] == [2, 3, 4]
-    assert [n["at_us"] for n in held] == [2, 3, 4]
+    assert [n["at_us"] for n in msgpack.unpackb(held)] == [2, 3, 4]
     state.note("a", {"at_us": 5, "decision": "paused", "reason": "5"})
-    assert [n["at_us"] for n in held] == [2, 3, 4]  # the tuple read before is what it was
+    assert [n["at_us"] for n in msgpack.unpackb(held)] == [2, 3, 4]  # the value captured before is what it was
