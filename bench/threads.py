@@ -6,6 +6,8 @@ On each of ``--repeat`` fresh 3-node clusters: every thread's CPU time (user and
 counted). Threads are named as the OS shows them: ``main`` is the event loop (the process's
 first thread), ``raftcron-raft`` the raft thread, others by their name (``python`` when
 unnamed). Reported per node and role: cores while idle, and per write the CPU of each thread.
+CPU of threads that ended between the two readings (what the process's own counters hold beyond
+its threads') is ``(ended threads)``.
 
     python -m bench.threads                 # 3 clusters, ~2 minutes
     python -m bench.threads --ab NAME       # and copy the JSON to bench/ab/NAME.json
@@ -46,15 +48,39 @@ def thread_times(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, f
     return out
 
 
-def spent(before: dict[int, tuple[str, float, float]], after: dict[int, tuple[str, float, float]]
+def process_times(pid: int, proc: Path = Path("/proc")) -> tuple[float, float] | None:
+    """The whole process's user and system seconds: its threads', with those of threads that
+    ended (``/proc/<pid>/stat``); None for a process gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+ENDED = "(ended threads)"
+
+
+def spent(before: dict[int, tuple[str, float, float]], after: dict[int, tuple[str, float, float]],
+          whole: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
           ) -> dict[str, dict[str, float]]:
-    """CPU seconds between two readings, summed by thread name: {name: {"user", "system"}}."""
+    """CPU seconds between two readings, summed by thread name: {name: {"user", "system"}}. With
+    ``whole``, the process's own times at the two readings (``process_times``), what they grew
+    beyond the threads read in both goes to ``ENDED``: a thread that ended between the readings
+    is not in the second, and one that began and ended between them is in neither."""
     by_name: dict[str, dict[str, float]] = {}
     for tid, (name, user, system) in after.items():
         _, user0, system0 = before.get(tid, (name, 0.0, 0.0))
         row = by_name.setdefault(name, {"user": 0.0, "system": 0.0})
         row["user"] += user - user0
         row["system"] += system - system0
+    first, last = whole
+    if first is not None and last is not None:
+        ended = {k: max(0.0, (last[i] - first[i]) - sum(r[k] for r in by_name.values()))
+                 for i, k in enumerate(("user", "system"))}
+        if ended["user"] + ended["system"] >= 1 / TICKS:  # beyond the clock's rounding
+            by_name[ENDED] = ended
     return {name: {k: round(v, 3) for k, v in row.items()} for name, row in by_name.items()}
 
 
@@ -64,15 +90,21 @@ def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
         pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
         roles = {n.name: "leader" if n is leader else "follower" for n in cluster.nodes}
         time.sleep(2.0)  # the start's own work settles
-        before = {n: thread_times(pid) for n, pid in pids.items()}
+        def read() -> dict[str, tuple[dict[int, tuple[str, float, float]], tuple[float, float] | None]]:
+            return {n: (thread_times(pid), process_times(pid)) for n, pid in pids.items()}
+
+        def between(first: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+            return {n: spent(first[n][0], last[n][0], (first[n][1], last[n][1])) for n in pids}
+
+        before = read()
         time.sleep(a.idle)
-        idle = {n: spent(before[n], thread_times(pid)) for n, pid in pids.items()}
+        idle = between(before, read())
         asyncio.run(saturate(leader.url, 10**9, 3.0, a.inflight, f"warm{r}"))
-        before = {n: thread_times(pid) for n, pid in pids.items()}
+        before = read()
         t0 = time.monotonic()
         load = asyncio.run(saturate(leader.url, 10**9, a.seconds, a.inflight, f"t{r}"))
         wall = time.monotonic() - t0
-        busy = {n: spent(before[n], thread_times(pid)) for n, pid in pids.items()}
+        busy = between(before, read())
     writes = load["ok"]
     run = {"repetition": r, "roles": roles, "idle_seconds": a.idle, "load_seconds": round(wall, 3), "writes": writes,
            "writes_per_s": round(writes / wall, 1), "errors": load["errors"], "idle": idle, "load": busy}

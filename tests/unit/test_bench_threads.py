@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.threads import TICKS, spent, summarise, thread_times
+from bench.threads import ENDED, TICKS, process_times, spent, summarise, thread_times
 
 
 def _stat(tid: int, name: str, utime: int, stime: int) -> str:
@@ -36,6 +36,29 @@ def test_threads_are_read_by_name_and_summed_between_two_readings(tmp_path: Path
                    "raftcron-raft": pytest.approx({"user": 40 / TICKS, "system": 4 / TICKS}, abs=near),
                    "python": pytest.approx({"user": 4 / TICKS, "system": 3 / TICKS}, abs=near)}
     assert thread_times(999, tmp_path) == {}  # a process gone
+
+
+def _process(root: Path, pid: int, utime: int, stime: int) -> None:
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(_stat(pid, "python", utime, stime))
+
+
+def test_the_cpu_of_threads_that_ended_between_the_readings_is_counted_apart(tmp_path: Path) -> None:
+    """Before, a thread that ended between the readings took its CPU with it: the sum of the
+    threads read fell short of what the process spent."""
+    _proc(tmp_path, 40, {40: ("python", 10, 2), 41: ("worker", 5, 1)})
+    _process(tmp_path, 40, 15, 3)
+    before, whole0 = thread_times(40, tmp_path), process_times(40, tmp_path)
+    (tmp_path / "40" / "task" / "41" / "stat").unlink()  # 41 ended after 20 more ticks, another began and ended
+    _proc(tmp_path, 40, {40: ("python", 30, 4)})
+    _process(tmp_path, 40, 15 + 20 + 20 + 7, 3 + 2 + 3 + 1)  # main 20 + 2, thread 41 20 + 3, the other 7 + 1
+    got = spent(before, thread_times(40, tmp_path), (whole0, process_times(40, tmp_path)))
+    near = 1e-3
+    assert got == {"main": pytest.approx({"user": 20 / TICKS, "system": 2 / TICKS}, abs=near),
+                   ENDED: pytest.approx({"user": 27 / TICKS, "system": 4 / TICKS}, abs=near)}
+    # Nothing ended: no such row, however the clock's ticks fell.
+    assert ENDED not in spent(before, before, (whole0, whole0))
+    assert process_times(999, tmp_path) is None
 
 
 def test_the_summary_is_per_write_by_role() -> None:
