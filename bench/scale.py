@@ -25,7 +25,9 @@ On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
    RSS after the restart, and the snapshot and journal bytes each node restarted from.
 
 RSS is reported whole and split into anonymous and file-backed pages (the mapped raft journal).
-``--profile-restart S`` samples each agent with py-spy for S seconds from its restart;
+``--profile-restart S`` samples each agent with py-spy for S seconds from its restart (the JSON
+gives, per node, the spans it spent restoring the snapshot and applying entries up to the first
+write: ``restart.phases_to_first_write``);
 ``--profile-fill S`` for S seconds once 80 % of the history is held, and names what held the
 GIL over the prober's slowest answers then (both need py-spy: ``pip install -e '.[bench]'``).
 
@@ -181,20 +183,26 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
     return out
 
 
-def _spy(name: str, pid: int, seconds: float, what: str) -> tuple[str, float, subprocess.Popen[bytes]]:
+def _spy(name: str, pid: int, seconds: float, what: str, lines: bool = True) -> tuple[str, float, subprocess.Popen[bytes]]:
     """py-spy on one agent for ``seconds``, with the GIL's holder only and each sample's instant
-    (chrometrace), from now (the monotonic instant returned with it)."""
+    (chrometrace), from now (the monotonic instant returned with it). ``lines``: frames told apart
+    by line too (a function's frame then closes and opens again as its line moves)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"profile-{what}-{name}.json"
     proc = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "-f",
-                             "chrometrace", "--gil", "--nonblocking", "-o", str(out)],
+                             "chrometrace", "--gil", "--nonblocking", *(() if lines else ("--nolineno",)),
+                             "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return name, time.monotonic(), proc
 
 
 def _stalls(name: str, started: float, slowest: list[tuple[float, float]], depth: int = 6) -> list[dict[str, Any]]:
-    """For each of the prober's slowest answers from ``name`` while py-spy sampled it: what held the
-    GIL over that answer, as the time each thread's innermost ``depth`` frames were on top."""
+    """For each of the prober's slowest answers from ``name`` while py-spy sampled it: each thread's
+    innermost ``depth`` frames as last sampled, and for how long of that answer they stood.
+
+    Not the time each held the GIL: py-spy's chrometrace writes a thread's frames only when a
+    sample of it finds them changed, and with ``--gil`` a thread is sampled only while it holds
+    the GIL, so a thread that went idle after its last sample stands here until its next one."""
     path = RESULTS / f"profile-fill-{name}.json"
     try:
         events = json.loads(path.read_text())
@@ -230,6 +238,40 @@ def _stalls(name: str, started: float, slowest: list[tuple[float, float]], depth
     return found
 
 
+_RESTART_PHASES = (("restore", "State.restore"), ("apply", "SyncObj.__applyLogEntries"))
+"""The frames whose spans a restart is read by. Before the first write, ``apply`` is the journal
+behind the snapshot replayed (pysyncobj applies every committed entry in one call)."""
+
+
+def _restart_phases(name: str, until_s: float, least_s: float = 0.05) -> dict[str, list[list[float]]]:
+    """From the restart's py-spy samples of ``name``: per phase, the spans (seconds from the
+    agent's start, to the sample's 10 ms) in which a thread was inside its frame, begun before
+    ``until_s`` (the first write) and lasting ``least_s`` or more.
+
+    py-spy's chrometrace opens and closes frames only when a thread's sampled stack changes,
+    and with ``--gil`` a thread is sampled only while it holds the GIL: a span's ends are
+    exact to a sample, while the time between two events is not time the GIL was held."""
+    try:
+        events = json.loads((RESULTS / f"profile-restart-{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    events.sort(key=lambda e: e["ts"])  # stable: a sample's E and B events stay in their order
+    stacks: dict[Any, list[tuple[str, float]]] = {}
+    out: dict[str, list[list[float]]] = {}
+    for e in events:
+        frames = stacks.setdefault(e["tid"], [])
+        if e["ph"] == "B":
+            frames.append((e["name"], e["ts"] / 1e6))
+            continue
+        if not frames:
+            continue
+        frame, began = frames.pop()
+        for phase, mark in _RESTART_PHASES:
+            if frame == mark and began <= until_s and e["ts"] / 1e6 - began >= least_s:
+                out.setdefault(phase, []).append([round(began, 2), round(e["ts"] / 1e6, 2)])
+    return out
+
+
 def unplanned(node_url: str) -> int | None:
     try:
         with urllib.request.urlopen(node_url + "/metrics", timeout=5) as resp:
@@ -257,7 +299,7 @@ def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, A
     for n in cluster.nodes:
         n.start()
         if profile_s and n.proc is not None:
-            spies.append(_spy(n.name, n.proc.pid, profile_s, "restart")[2])
+            spies.append(_spy(n.name, n.proc.pid, profile_s, "restart", lines=False)[2])
     first = asyncio.run(_first_write(cluster.nodes, start, f"restart{k}", bound=120.0))
     leader = leader_of(cluster, timeout=60)
     planned_s = None
@@ -269,8 +311,11 @@ def restart_all(cluster: Cluster, k: int, profile_s: float = 0.0) -> dict[str, A
         pass
     for spy in spies:
         spy.wait(profile_s + 60)
-    return {"first_write_s": first.get("seconds"), "all_planned_s": planned_s, "leader": leader.name,
-            "answers": first.get("answers"), "on_disk": on_disk}
+    out = {"first_write_s": first.get("seconds"), "all_planned_s": planned_s, "leader": leader.name,
+           "answers": first.get("answers"), "on_disk": on_disk}
+    if spies and first.get("seconds") is not None:
+        out["phases_to_first_write"] = {n.name: _restart_phases(n.name, first["seconds"]) for n in cluster.nodes}
+    return out
 
 
 def _on_disk(data_dir: Path) -> dict[str, int | None]:
