@@ -246,7 +246,8 @@ behind the snapshot replayed (pysyncobj applies every committed entry in one cal
 def _restart_phases(name: str, until_s: float, least_s: float = 0.05) -> dict[str, list[list[float]]]:
     """From the restart's py-spy samples of ``name``: per phase, the spans (seconds from the
     agent's start, to the sample's 10 ms) in which a thread was inside its frame, begun before
-    ``until_s`` (the first write) and lasting ``least_s`` or more.
+    ``until_s`` (the first write) and lasting ``least_s`` or more; a frame closed and opened
+    again within two samples is one span (py-spy sometimes reads a stack whole anew).
 
     py-spy's chrometrace opens and closes frames only when a thread's sampled stack changes,
     and with ``--gil`` a thread is sampled only while it holds the GIL: a span's ends are
@@ -267,9 +268,14 @@ def _restart_phases(name: str, until_s: float, least_s: float = 0.05) -> dict[st
             continue
         frame, began = frames.pop()
         for phase, mark in _RESTART_PHASES:
-            if frame == mark and began <= until_s and e["ts"] / 1e6 - began >= least_s:
-                out.setdefault(phase, []).append([round(began, 2), round(e["ts"] / 1e6, 2)])
-    return out
+            if frame == mark and began <= until_s:
+                spans = out.setdefault(phase, [])
+                if spans and began - spans[-1][1] <= 0.02:  # closed and opened again within two samples
+                    spans[-1][1] = e["ts"] / 1e6
+                else:
+                    spans.append([began, e["ts"] / 1e6])
+    return {phase: [[round(a, 2), round(b, 2)] for a, b in spans if b - a >= least_s]
+            for phase, spans in out.items() if any(b - a >= least_s for a, b in spans)}
 
 
 def unplanned(node_url: str) -> int | None:

@@ -31,10 +31,12 @@ def test_a_restart_is_read_as_spans_of_restore_and_apply_until_the_first_write(
         (0.5, 2, [*raft, "State.restore", "RunTable.load_values"]),
         (0.5, 1, ["<module>", "Event.wait"]),
         (1.0, 2, [*raft, "State.restore", "_unpack_sections"]),  # the same frame, sampled again
+        (1.5, 2, [*raft, "quiet_restore"]),
+        (1.51, 2, [*raft, "State.restore", "RunTable.check"]),  # left and back within two samples: one span
         (2.5, 2, [*tick, "SyncObj.__applyLogEntries", "State.apply"]),
         (4.0, 2, [*tick, "poll"]),
-        (4.01, 2, [*tick, "SyncObj.__applyLogEntries", "State.apply"]),  # a live entry: 20 ms
-        (4.03, 2, [*tick, "poll"]),
+        (4.1, 2, [*tick, "SyncObj.__applyLogEntries", "State.apply"]),  # a live entry: 20 ms, too short
+        (4.12, 2, [*tick, "poll"]),
         (5.0, 2, [*tick, "SyncObj.__applyLogEntries", "State.apply"]),  # after the first write
         (5.5, 2, [*tick, "poll"]),
     ]
