@@ -244,10 +244,13 @@ behind the snapshot replayed (pysyncobj applies every committed entry in one cal
 
 
 def _restart_phases(name: str, until_s: float, least_s: float = 0.05) -> dict[str, list[list[float]]]:
-    """From the restart's py-spy samples of ``name``: per phase, the spans (seconds from the
-    agent's start, to the sample's 10 ms) in which a thread was inside its frame, begun before
-    ``until_s`` (the first write) and lasting ``least_s`` or more; a frame closed and opened
-    again within two samples is one span (py-spy sometimes reads a stack whole anew).
+    """From the restart's py-spy samples of ``name``: per phase, the spans in which a thread was
+    inside its frame, up to ``until_s`` (the first write; a span is cut there), lasting
+    ``least_s`` or more; a frame closed and opened again within two samples is one span (py-spy
+    sometimes reads a stack whole anew). In seconds from py-spy's start, begun right after the
+    agent's (``restart_all``), to the sample's 10 ms: the first write's instant counts from
+    before the first agent started, so the cut is late by the few tens of milliseconds the
+    starts take.
 
     py-spy's chrometrace opens and closes frames only when a thread's sampled stack changes,
     and with ``--gil`` a thread is sampled only while it holds the GIL: a span's ends are
@@ -274,8 +277,9 @@ def _restart_phases(name: str, until_s: float, least_s: float = 0.05) -> dict[st
                     spans[-1][1] = e["ts"] / 1e6
                 else:
                     spans.append([began, e["ts"] / 1e6])
+    clipped = {phase: [(a, min(b, until_s)) for a, b in spans] for phase, spans in out.items()}
     return {phase: [[round(a, 2), round(b, 2)] for a, b in spans if b - a >= least_s]
-            for phase, spans in out.items() if any(b - a >= least_s for a, b in spans)}
+            for phase, spans in clipped.items() if any(b - a >= least_s for a, b in spans)}
 
 
 def unplanned(node_url: str) -> int | None:

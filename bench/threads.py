@@ -7,7 +7,7 @@ counted). Threads are named as the OS shows them: ``main`` is the event loop (th
 first thread), ``raftcron-raft`` the raft thread, others by their name (``python`` when
 unnamed). Reported per node and role: cores while idle, and per write the CPU of each thread.
 CPU of threads that ended between the two readings (what the process's own counters hold beyond
-its threads') is ``(ended threads)``.
+its threads', user and system together) is ``(ended threads)``.
 
     python -m bench.threads                 # 3 clusters, ~2 minutes
     python -m bench.threads --ab NAME       # and copy the JSON to bench/ab/NAME.json
@@ -62,25 +62,34 @@ def process_times(pid: int, proc: Path = Path("/proc")) -> tuple[float, float] |
 ENDED = "(ended threads)"
 
 
+Reading = tuple[tuple[float, float] | None, tuple[float, float] | None]
+"""The process's own times (``process_times``) just before and just after its threads were read."""
+
+
 def spent(before: dict[int, tuple[str, float, float]], after: dict[int, tuple[str, float, float]],
-          whole: tuple[tuple[float, float] | None, tuple[float, float] | None] = (None, None)
-          ) -> dict[str, dict[str, float]]:
-    """CPU seconds between two readings, summed by thread name: {name: {"user", "system"}}. With
-    ``whole``, the process's own times at the two readings (``process_times``), what they grew
-    beyond the threads read in both goes to ``ENDED``: a thread that ended between the readings
-    is not in the second, and one that began and ended between them is in neither."""
+          whole: tuple[Reading, Reading] | None = None) -> dict[str, dict[str, float]]:
+    """CPU seconds between two readings, summed by thread name: {name: {"user", "system"}}.
+
+    With ``whole`` (the process's own times around each reading), what the process spent beyond
+    its threads read in both goes to ``ENDED``: a thread that ended between the readings is not
+    in the second, and one that began and ended between them is in neither. Counted from the end
+    of the first reading to the start of the second, so the CPU spent while the threads were
+    being read is never taken for an ended thread's, and only beyond a tick a thread (the
+    kernel's rounding of each). It is user and system together, as ``user``: the kernel divides
+    the two for each thread and for the process apart, and they disagree by more than that."""
     by_name: dict[str, dict[str, float]] = {}
     for tid, (name, user, system) in after.items():
         _, user0, system0 = before.get(tid, (name, 0.0, 0.0))
         row = by_name.setdefault(name, {"user": 0.0, "system": 0.0})
         row["user"] += user - user0
         row["system"] += system - system0
-    first, last = whole
-    if first is not None and last is not None:
-        ended = {k: max(0.0, (last[i] - first[i]) - sum(r[k] for r in by_name.values()))
-                 for i, k in enumerate(("user", "system"))}
-        if ended["user"] + ended["system"] >= 1 / TICKS:  # beyond the clock's rounding
-            by_name[ENDED] = ended
+    if whole is not None:
+        (_, first_done), (last_begun, _) = whole
+        if first_done is not None and last_begun is not None:
+            threads = sum(r["user"] + r["system"] for r in by_name.values())
+            ended = sum(last_begun) - sum(first_done) - threads
+            if ended > (len(after) + 1) / TICKS:
+                by_name[ENDED] = {"user": ended, "system": 0.0}
     return {name: {k: round(v, 3) for k, v in row.items()} for name, row in by_name.items()}
 
 
@@ -90,8 +99,13 @@ def one_repetition(r: int, a: argparse.Namespace) -> dict[str, Any]:
         pids = {n.name: n.proc.pid for n in cluster.nodes if n.proc is not None}
         roles = {n.name: "leader" if n is leader else "follower" for n in cluster.nodes}
         time.sleep(2.0)  # the start's own work settles
-        def read() -> dict[str, tuple[dict[int, tuple[str, float, float]], tuple[float, float] | None]]:
-            return {n: (thread_times(pid), process_times(pid)) for n, pid in pids.items()}
+        def read() -> dict[str, tuple[dict[int, tuple[str, float, float]], Reading]]:
+            out = {}
+            for n, pid in pids.items():
+                begun = process_times(pid)
+                threads = thread_times(pid)
+                out[n] = (threads, (begun, process_times(pid)))
+            return out
 
         def between(first: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
             return {n: spent(first[n][0], last[n][0], (first[n][1], last[n][1])) for n in pids}

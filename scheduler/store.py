@@ -133,7 +133,7 @@ class Notes:
         return default if value is None else _unpacked(value)
 
     def packed(self) -> dict[str, bytes]:
-        """Job -> its notes as packed, copied in one step (``copied``): what a snapshot captures."""
+        """Job -> its notes as packed, copied in one step (as ``copied`` copies): what a snapshot captures."""
         return self._packed.copy()
 
     def load(self, items: Iterable[tuple[str, Any]]) -> None:

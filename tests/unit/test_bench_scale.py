@@ -47,4 +47,6 @@ def test_a_restart_is_read_as_spans_of_restore_and_apply_until_the_first_write(
         events += more
     (tmp_path / "profile-restart-n1.json").write_text(json.dumps(events))
     assert scale._restart_phases("n1", until_s=4.5) == {"restore": [[0.5, 2.5]], "apply": [[2.5, 4.0]]}
+    # The first write in the middle of the replay: the span is cut there.
+    assert scale._restart_phases("n1", until_s=3.0) == {"restore": [[0.5, 2.5]], "apply": [[2.5, 3.0]]}
     assert scale._restart_phases("n9", until_s=4.5) == {}  # no profile of that node

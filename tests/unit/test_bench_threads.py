@@ -52,13 +52,27 @@ def test_the_cpu_of_threads_that_ended_between_the_readings_is_counted_apart(tmp
     (tmp_path / "40" / "task" / "41" / "stat").unlink()  # 41 ended after 20 more ticks, another began and ended
     _proc(tmp_path, 40, {40: ("python", 30, 4)})
     _process(tmp_path, 40, 15 + 20 + 20 + 7, 3 + 2 + 3 + 1)  # main 20 + 2, thread 41 20 + 3, the other 7 + 1
-    got = spent(before, thread_times(40, tmp_path), (whole0, process_times(40, tmp_path)))
+    whole1 = process_times(40, tmp_path)
+    got = spent(before, thread_times(40, tmp_path), ((whole0, whole0), (whole1, whole1)))
     near = 1e-3
     assert got == {"main": pytest.approx({"user": 20 / TICKS, "system": 2 / TICKS}, abs=near),
-                   ENDED: pytest.approx({"user": 27 / TICKS, "system": 4 / TICKS}, abs=near)}
-    # Nothing ended: no such row, however the clock's ticks fell.
-    assert ENDED not in spent(before, before, (whole0, whole0))
+                   ENDED: pytest.approx({"user": 31 / TICKS, "system": 0.0}, abs=near)}
     assert process_times(999, tmp_path) is None
+
+
+def test_no_thread_ended_reads_as_none_whatever_the_process_spent_while_read() -> None:
+    """Its threads and the process are read one after another: CPU spent in between is not an
+    ended thread's (spinning threads gave 0.08-0.27 s of it over two seconds, before the
+    reading was bracketed), nor are the kernel's different divisions of user and system."""
+    before = {40: ("main", 1.00, 0.50), 41: ("raftcron-raft", 2.00, 0.10)}
+    after = {40: ("main", 2.00, 0.50), 41: ("raftcron-raft", 2.50, 0.20)}
+    # The threads spent 1.6 s between the readings. The process spent 0.3 s while each reading was
+    # taken (from its start to its end: 2.2 s), and divides user and system otherwise than its threads.
+    first = ((3.40, 0.20), (3.60, 0.30))
+    last = ((5.20, 0.30), (5.50, 0.30))
+    got = spent(before, after, (first, last))
+    assert ENDED not in got
+    assert got["main"] == pytest.approx({"user": 1.0, "system": 0.0})
 
 
 def test_the_summary_is_per_write_by_role() -> None:
