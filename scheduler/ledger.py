@@ -72,7 +72,9 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     refused: list[dict[str, Any]] = []
     # Taken before the claims below move last_slot_us: a plan's summary covers slots older
     # than its own claims, in the same entry.
-    floors = {s.get("job", ""): _floor(state.jobs.get(s.get("job", ""))) for s in cmd.summaries}
+    bad = {i: why for i, s in enumerate(cmd.summaries) if (why := _summary_problem(s)) is not None}
+    floors = {s.get("job", ""): _floor(state.jobs.get(s.get("job", ""))) for i, s in enumerate(cmd.summaries)
+              if i not in bad}
     fanned: set[tuple[str, Any]] = set()  # target.count > 1: one slot (or request), several nodes, one entry
     for pos, c in enumerate(cmd.claims[:MAX_CLAIMS_PER_ENTRY]):
         why = _admissible(state, c, fanned, cmd.at_us)
@@ -99,7 +101,12 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
     for job in dict.fromkeys(state.runs[rid]["job"] for rid in cancelled):
         trim(state, job)
     summaries = []
-    for s in cmd.summaries:
+    for i, s in enumerate(cmd.summaries):
+        if i in bad:
+            named = s.get("job")
+            refused.append({"job": named if type(named) is str else "", "slot_us": s.get("first_us"),
+                            "trigger": "summary", "reason": bad[i]})
+            continue
         floor = floors.get(s.get("job", ""))
         since = (state.jobs.get(s.get("job", "")) or {}).get("spec_since_us")
         if floor is not None and (s["first_us"] <= floor or (since is not None and cmd.at_us < since)):
@@ -113,6 +120,29 @@ def claim(state: Store, cmd: ClaimSlots, index: int) -> dict[str, Any]:
         summaries.append(s)
     _alert_missed(state, created, summaries, cmd.at_us)
     return {"runs": created, "refused": refused, "cancelled": cancelled}
+
+
+_SUMMARISED = frozenset(("missed", "skipped"))
+_I64 = 1 << 63
+
+
+def _summary_problem(s: dict[str, Any]) -> str | None:
+    """Why a plan's summary of slots cannot be recorded, or None. Its count goes into the job's
+    record (``missed_total``) and, with its instants and reason, into the job's notes, both of
+    which every snapshot packs: a count msgpack cannot hold (``1e30`` made an integer past 64
+    bits) made every later snapshot fail. A leader writes none such; refused as a claim is."""
+    job, count, first, last, reason = s.get("job"), s.get("count"), s.get("first_us"), s.get("last_us"), s.get("reason")
+    if type(job) is not str:
+        return "summary: job is not a name"
+    if s.get("status") not in _SUMMARISED:
+        return f"summary: status {s.get('status')!r} is not missed or skipped"
+    if type(count) is not int or not 0 < count < _I64:
+        return f"summary: count {count!r} is not a positive 64-bit integer"
+    if type(first) is not int or type(last) is not int or not -_I64 <= first <= last < _I64:
+        return "summary: first_us and last_us are not 64-bit instants in order"
+    if reason is not None and type(reason) is not str:
+        return "summary: reason is not text"
+    return None
 
 
 def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:

@@ -169,6 +169,26 @@ def test_summaries_advance_the_job_and_are_counted(h: Any) -> None:
     assert "ghost" not in h.state.notes
 
 
+@pytest.mark.parametrize(("change", "why"), [
+    ({"count": 1e30}, "count"), ({"count": 2**64 - 1}, "count"), ({"count": "many"}, "count"), ({"count": 0}, "count"),
+    ({"first_us": T0 + 10, "last_us": T0}, "instants"), ({"last_us": 2**64 - 1}, "instants"), ({"first_us": None}, "instants"),
+    ({"status": "succeeded"}, "status"), ({"job": 5}, "job"), ({"reason": 5}, "reason"),
+])
+def test_a_summary_that_no_snapshot_could_hold_is_refused_and_changes_nothing(h: Any, change: dict[str, Any],
+                                                                               why: str) -> None:
+    """Before, a count of 1e30 became an integer past 64 bits in the job's record and notes, and
+    every later snapshot failed to pack."""
+    h.put("ping")
+    record = h.state.jobs["ping"]
+    s = {"job": "ping", "status": "missed", "count": 70, "first_us": T0 - 70, "last_us": T0 - 1, "reason": "gap",
+         **change}
+    out = h.claim(summaries=(s,))
+    assert [r["trigger"] for r in out["refused"]] == ["summary"] and why in out["refused"][0]["reason"]
+    assert type(out["refused"][0]["job"]) is str
+    assert h.state.jobs["ping"] == record and "ping" not in h.state.notes
+    assert h.state.snapshot_bytes()  # packs
+
+
 @pytest.mark.parametrize(("first", "second", "admitted"), [
     ("req-1", "req-1", False),
     ("req-1", "req-2", True),
