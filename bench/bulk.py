@@ -35,6 +35,7 @@ import aiohttp
 from tests.cluster.harness import Cluster, wait_for
 
 from .rig import (
+    ab_arg,
     common_args,
     fresh_cluster,
     leader_of,
@@ -270,7 +271,7 @@ def main() -> None:
     p.add_argument("--probe-timeout", type=float, default=10.0, help="a probe slower than this counts as this")
     p.add_argument("--ways", default=",".join(WAYS), help="comma list of batch, single")
     p.add_argument("--no-fsync", action="store_true", help="agents with --no-fsync")
-    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     if a.quick:
         a.repeat, a.jobs = 1, 10_000

@@ -51,6 +51,7 @@ from .rig import (
     AB,
     RESULTS,
     CpuMeter,
+    ab_arg,
     common_args,
     fresh_cluster,
     leader_of,
@@ -257,7 +258,7 @@ def main() -> None:
                    help="more agent flags, e.g. --agent-arg '--http-connections-per-host 64' (repeatable)")
     p.add_argument("--profile", type=float, default=0.0, metavar="S",
                    help="py-spy (pip install -e '.[bench]') on every agent for S seconds from 0.5 s before the instant")
-    p.add_argument("--ab", default=None, help="also write bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     if a.quick:
         a.sizes, a.repeat = "1000", 1

@@ -279,7 +279,7 @@ def _child_main(argv: list[str]) -> None:
 
 
 def main() -> None:
-    from .rig import allocator_env  # here, not at the top: the children run this file as a script
+    from .rig import ab_arg, allocator_env  # here, not at the top: the children run this file as a script
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=100_000, help="jobs (default 100,000)")
@@ -289,7 +289,7 @@ def main() -> None:
     p.add_argument("--snapshots", action="store_true",
                    help="take snapshots while the records fill, written on a thread by the tree's own "
                         "SnapshotWriter, as an agent does")
-    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     forms = {"this": ROOT} | ({"reference": a.tree.resolve()} if a.tree else {})
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in forms}

@@ -41,6 +41,11 @@ def common_args(p: argparse.ArgumentParser, repeat: int = 3) -> None:
     p.add_argument("--keep", action="store_true", help="keep the clusters' data and logs under bench/results/runs/")
 
 
+def ab_arg(p: argparse.ArgumentParser) -> None:
+    """``--ab NAME``: the JSON also copied to bench/ab/NAME.json (``write_results``' ``ab``)."""
+    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+
+
 # ---- the machine -----------------------------------------------------------------------------
 
 

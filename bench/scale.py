@@ -61,7 +61,20 @@ from tests.cluster.harness import ROOT, Cluster, wait_for
 from .bulk import Prober, _send, job_doc, jobs_held, load_batches, metric_total, rss_mb, rss_parts_mb
 from .failover import _first_write
 from .lateness import SinkFarm
-from .rig import RESULTS, common_args, fresh_cluster, leader_of, load, machine, median_of, ms, pct, table, write_results
+from .rig import (
+    RESULTS,
+    ab_arg,
+    common_args,
+    fresh_cluster,
+    leader_of,
+    load,
+    machine,
+    median_of,
+    ms,
+    pct,
+    table,
+    write_results,
+)
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -414,7 +427,7 @@ def main() -> None:
     p.add_argument("--profile-fill", type=float, default=0.0, metavar="S",
                    help="with --history: py-spy each agent for S seconds once 80%% of the records are held, and "
                         "name what held the GIL over the prober's slowest answers then (bench/results/profile-fill-<node>.json)")
-    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     if (a.profile_restart or a.profile_fill) and shutil.which("py-spy") is None:
         raise SystemExit("py-spy not found: pip install -e '.[bench]'")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .api_writes import saturate
-from .rig import common_args, fresh_cluster, leader_of, machine, median_of, table, write_results
+from .rig import ab_arg, common_args, fresh_cluster, leader_of, machine, median_of, table, write_results
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -158,7 +158,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of writes measured per cluster (default 10)")
     p.add_argument("--idle", type=float, default=10.0, help="seconds of the idle cluster measured first (default 10)")
     p.add_argument("--inflight", type=int, default=64, help="concurrent PUTs to the leader (default 64)")
-    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     if a.quick:
         a.repeat, a.seconds, a.idle = 1, 5.0, 5.0

@@ -47,6 +47,7 @@ from raftlog.trace import ENV
 
 from .api_writes import job_doc, sequential
 from .rig import (
+    ab_arg,
     common_args,
     free_port,
     fresh_cluster,
@@ -288,7 +289,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=400, help="sequential PUTs measured per cluster (default 400)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="more environment for every agent (repeatable), e.g. to try an interpreter setting")
-    p.add_argument("--ab", metavar="NAME", help="also copy the JSON to bench/ab/NAME.json")
+    ab_arg(p)
     a = p.parse_args()
     if bad := [e for e in a.env if "=" not in e]:
         p.error(f"--env takes KEY=VALUE, not {bad[0]!r}")
