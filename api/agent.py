@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 import zoneinfo
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class AgentConfig:
     http_connections_per_host: int = CONNECTIONS_PER_HOST
     metrics_max_jobs: int = MAX_JOB_SERIES
     snapshot_format: int = SNAPSHOT_VERSION
+    event_loop: str = "uvloop"
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -110,6 +112,8 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                         f"(RAFTCRON_SNAPSHOT_FORMAT)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
+    p.add_argument("--event-loop", default=_env("EVENT_LOOP", "uvloop"),
+                   help="the agent's event loop: uvloop (default) or asyncio, the standard library's (RAFTCRON_EVENT_LOOP)")
     p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(RAFTCRON_LOG_FORMAT)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="debug|info|warning (RAFTCRON_LOG_LEVEL)")
 
@@ -155,7 +159,27 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         min_free=args.min_free, http_connections_per_host=_count("--http-connections-per-host", args.http_connections_per_host),
         metrics_max_jobs=_count("--metrics-max-jobs", args.metrics_max_jobs),
         snapshot_format=_snapshot_format(args.snapshot_format),
+        event_loop=_event_loop(getattr(args, "event_loop", "uvloop")),
     )
+
+
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def _event_loop(value: object) -> str:
+    name = str(value).strip().lower()
+    if name not in EVENT_LOOPS:
+        raise ValueError(f"--event-loop (RAFTCRON_EVENT_LOOP): expected one of {', '.join(EVENT_LOOPS)}, got {value!r}")
+    return name
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes the agent's event loop: uvloop's, or the standard library's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 def _snapshot_format(value: object) -> int:
@@ -361,4 +385,5 @@ def run_agent(args: argparse.Namespace) -> int:
     except (ValueError, MissingSecret) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return asyncio.run(_serve(cfg, getattr(args, "advertise_http", None)))
+    with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
+        return runner.run(_serve(cfg, getattr(args, "advertise_http", None)))

@@ -22,6 +22,7 @@ import pwd
 import resource
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -138,12 +139,69 @@ class _TailProtocol(asyncio.Protocol):
             self._closed.set_result(None)
 
 
+class _Process:
+    """A child started by ``subprocess.Popen`` and reaped on the event loop.
+
+    asyncio's own subprocesses are not used: the agent's loop may be uvloop, whose spawn takes
+    no ``user``, ``group``, ``extra_groups`` or ``umask``, and ``--shell-user`` needs all four.
+    Popen starts the child (fork and exec on the loop's thread, as asyncio's spawn does too); a
+    pidfd (Linux 5.3 and later) tells the loop when it has exited, and ``Popen.poll`` reaps it.
+    Where no pidfd can be opened, a thread of its own waits for the child instead.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._popen = popen
+        self._loop = loop
+        self._exited: asyncio.Future[int] = loop.create_future()
+        try:
+            self._pidfd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+            threading.Thread(target=self._wait_in_thread, name=f"raftcron-reap-{popen.pid}", daemon=True).start()
+        else:
+            loop.add_reader(self._pidfd, self._reap)
+
+    @classmethod
+    def spawn(cls, argv: list[str], **popen: Any) -> _Process:
+        return cls(subprocess.Popen(argv, **popen), asyncio.get_running_loop())
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped (negative: killed by that signal), else None."""
+        return self._exited.result() if self._exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def _reap(self) -> None:
+        code = self._popen.poll()
+        if code is None or self._pidfd is None:
+            return  # readable but not yet waitable: the next wake-up takes it
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
+        self._exited.set_result(code)
+
+    def _wait_in_thread(self) -> None:
+        code = self._popen.wait()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._settle, code)
+
+    def _settle(self, code: int) -> None:
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+
 class _Child:
     """A started attempt: the process, and the read end of its output pipe."""
 
     def __init__(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: _Process,
         pipe: asyncio.ReadTransport,
         eof: asyncio.Future[None],
         tail: OutputTail,
@@ -228,8 +286,8 @@ class ShellExecutor:
             os.close(write_fd)
             raise
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
+            proc = _Process.spawn(
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,

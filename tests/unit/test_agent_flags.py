@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
 
-from api.agent import AgentConfig, add_agent_arguments, config_from_args
+from api.agent import AgentConfig, add_agent_arguments, config_from_args, loop_factory
 from api.metrics import MAX_JOB_SERIES
 from scheduler.executors.http import CONNECTIONS_PER_HOST
 from scheduler.state import SNAPSHOT_VERSION
@@ -58,3 +59,26 @@ def test_the_snapshot_format_defaults_to_the_newest_and_takes_an_older_one(monke
 def test_an_unknown_snapshot_format_is_refused_naming_the_flag(value: str) -> None:
     with pytest.raises(ValueError, match=r"^--snapshot-format \(RAFTCRON_SNAPSHOT_FORMAT\): expected one of 1, 2, 3, 4, got "):
         config("--snapshot-format", value)
+
+
+def test_the_event_loop_defaults_to_uvloop_and_takes_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config().event_loop == "uvloop"
+    assert config("--event-loop", "asyncio").event_loop == "asyncio"
+    assert config("--event-loop", " UVLOOP ").event_loop == "uvloop"
+    monkeypatch.setenv("RAFTCRON_EVENT_LOOP", "asyncio")
+    assert config().event_loop == "asyncio"
+
+
+@pytest.mark.parametrize("value", ["trio", "", "uv loop"])
+def test_an_unknown_event_loop_is_refused_naming_the_flag(value: str) -> None:
+    with pytest.raises(ValueError, match=r"^--event-loop \(RAFTCRON_EVENT_LOOP\): expected one of uvloop, asyncio, got "):
+        config("--event-loop", value)
+
+
+@pytest.mark.parametrize(("name", "module"), [("uvloop", "uvloop"), ("asyncio", "asyncio")])
+def test_the_loop_made_is_the_one_named(name: str, module: str) -> None:
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__.partition(".")[0]
+
+    with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+        assert runner.run(kind()) == module
