@@ -385,5 +385,11 @@ def run_agent(args: argparse.Namespace) -> int:
     except (ValueError, MissingSecret) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
+    try:
+        factory = loop_factory(cfg.event_loop)
+    except ImportError as exc:
+        print(f"error: --event-loop {cfg.event_loop}: {exc}; install it, or start with --event-loop asyncio",
+              file=sys.stderr, flush=True)
+        return 2
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(_serve(cfg, getattr(args, "advertise_http", None)))

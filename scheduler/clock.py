@@ -18,7 +18,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = ["Clock", "FakeClock", "SystemClock", "TIMER_RESOLUTION"]
+
+TIMER_RESOLUTION = 0.001
+"""The shortest timer ``SystemClock`` sets, in seconds. uvloop's timers count whole milliseconds:
+one set for less may fire at once, or up to that much early, so a wait for what is left of a
+deadline would spin on the loop for its last millisecond. Each wait is checked against the
+monotonic clock and set again for what is left, but never for less than this: a wait never ends
+early, and at most this much late."""
 
 
 class Clock(Protocol):
@@ -50,7 +57,12 @@ class SystemClock:
         return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(max(left, TIMER_RESOLUTION))
 
     async def wait_for(self, event: asyncio.Event, timeout: float | None) -> bool:
         if event.is_set():
@@ -58,11 +70,16 @@ class SystemClock:
         if timeout is not None and timeout <= 0:
             await asyncio.sleep(0)
             return event.is_set()
-        try:
-            async with asyncio.timeout(timeout):
-                await event.wait()
-        except TimeoutError:
-            pass
+        if timeout is None:
+            await event.wait()
+            return True
+        deadline = time.monotonic() + timeout
+        while not event.is_set() and (left := deadline - time.monotonic()) > 0:
+            try:
+                async with asyncio.timeout(max(left, TIMER_RESOLUTION)):
+                    await event.wait()
+            except TimeoutError:
+                pass
         return event.is_set()
 
 

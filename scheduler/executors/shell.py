@@ -48,6 +48,7 @@ _ENV_NAMES = {
 }
 
 _POLL = 0.05  # seconds between checks whether a signalled group has gone
+_READ_SIZE = 64 * 1024  # bytes read from the output pipe at a time
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _DEFAULT_LANG = "C.UTF-8"
@@ -124,19 +125,48 @@ def _continuation_prefix(data: bytes) -> int:
     return n
 
 
-class _TailProtocol(asyncio.Protocol):
-    """Feeds the merged stdout/stderr pipe into an OutputTail as it arrives."""
+class _OutputPipe:
+    """The read end of the child's merged stdout/stderr, fed into an ``OutputTail`` as it comes.
 
-    def __init__(self, tail: OutputTail, closed: asyncio.Future[None]) -> None:
+    Read by the loop's ``add_reader``, not a read-pipe transport: we own the descriptor and close
+    it once. (uvloop's read-pipe transport closes the descriptor and then the file object holding
+    it again: a descriptor another thread opened in between would be closed under it.)
+    ``eof`` is done once every writer has closed its end, or once ``close`` was called.
+    """
+
+    def __init__(self, fd: int, tail: OutputTail, loop: asyncio.AbstractEventLoop) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
         self._tail = tail
-        self._closed = closed
+        self._loop = loop
+        self.eof: asyncio.Future[None] = loop.create_future()
+        try:
+            loop.add_reader(fd, self._readable)
+        except BaseException:
+            self.close()
+            raise
 
-    def data_received(self, data: bytes) -> None:
-        self._tail.feed(data)
+    def _readable(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            data = os.read(self._fd, _READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""  # nothing more can be read from it: as at the end
+        if data:
+            self._tail.feed(data)
+        else:
+            self.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._closed.done():
-            self._closed.set_result(None)
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+        if not self.eof.done():
+            self.eof.set_result(None)
 
 
 class _Process:
@@ -153,13 +183,23 @@ class _Process:
         self._popen = popen
         self._loop = loop
         self._exited: asyncio.Future[int] = loop.create_future()
+        self._pidfd: int | None = None
         try:
-            self._pidfd: int | None = os.pidfd_open(popen.pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
-            threading.Thread(target=self._wait_in_thread, name=f"raftcron-reap-{popen.pid}", daemon=True).start()
-        else:
-            loop.add_reader(self._pidfd, self._reap)
+            try:
+                self._pidfd = os.pidfd_open(popen.pid)
+            except (AttributeError, OSError):
+                threading.Thread(target=self._wait_in_thread, name=f"raftcron-reap-{popen.pid}", daemon=True).start()
+            else:
+                loop.add_reader(self._pidfd, self._reap)
+        except BaseException:
+            # Nothing would ever reap it: stop its group and reap it here, then say why.
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+            raise
 
     @classmethod
     def spawn(cls, argv: list[str], **popen: Any) -> _Process:
@@ -202,13 +242,11 @@ class _Child:
     def __init__(
         self,
         proc: _Process,
-        pipe: asyncio.ReadTransport,
-        eof: asyncio.Future[None],
+        pipe: _OutputPipe,
         tail: OutputTail,
     ) -> None:
         self.proc = proc
         self.pipe = pipe
-        self.eof = eof
         self.tail = tail
 
     @property
@@ -273,16 +311,12 @@ class ShellExecutor:
             # The agent's own directory (its data) is not the job's to read.
             cwd = user.home if os.path.isdir(user.home) else "/"
         tail = OutputTail()
-        loop = asyncio.get_running_loop()
-        eof: asyncio.Future[None] = loop.create_future()
         # Our own pipe rather than asyncio's PIPE: a straggler that escaped the group
         # may hold the write end forever, and we must be able to close our end.
         read_fd, write_fd = os.pipe()
-        reader = os.fdopen(read_fd, "rb", buffering=0)
         try:
-            pipe, _ = await loop.connect_read_pipe(lambda: _TailProtocol(tail, eof), reader)
+            pipe = _OutputPipe(read_fd, tail, asyncio.get_running_loop())
         except BaseException:
-            reader.close()
             os.close(write_fd)
             raise
         try:
@@ -310,7 +344,7 @@ class ShellExecutor:
             raise
         finally:
             os.close(write_fd)  # the child holds its copy; EOF comes when all writers exit
-        return _Child(proc, pipe, eof, tail)
+        return _Child(proc, pipe, tail)
 
     async def _finish(self, child: _Child) -> None:
         # Cancelled again while stopping? The stop must still run to its end or the group
@@ -324,7 +358,7 @@ class ShellExecutor:
         """Stop what is left of the group, collect the last output, close the pipe."""
         try:
             await self._stop_group(child)
-            await asyncio.wait([child.eof], timeout=self._grace)
+            await asyncio.wait([child.pipe.eof], timeout=self._grace)
         finally:
             child.pipe.close()
 
