@@ -174,13 +174,14 @@ def _event_loop(value: object) -> str:
     return name
 
 
-def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """What makes the agent's event loop: uvloop's, or the standard library's."""
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the agent's event loop for ``asyncio.Runner``: uvloop's, or None for the standard
+    library's, made and set as this thread's current loop as ``asyncio.run`` does."""
     if name == "uvloop":
         import uvloop
 
         return uvloop.new_event_loop
-    return asyncio.new_event_loop
+    return None
 
 
 def _snapshot_format(value: object) -> int:
