@@ -30,7 +30,6 @@ package; with ``CI`` set it fails instead, so CI cannot pass without running it.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
+from tests.required import missing_tool
 
 from .harness import REPORT, Cluster, Delivery, Node, Sink, job_doc, libfaketime, wait_for
 
@@ -264,10 +265,7 @@ def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: floa
 def faketime_lib() -> Path:
     lib = libfaketime()
     if lib is None:
-        why = "libfaketime is not installed (Debian package faketime: apt-get install faketime)"
-        if os.environ.get("CI"):
-            pytest.fail(why + "; CI must install it")
-        pytest.skip(why)
+        missing_tool("libfaketime is not installed (Debian package faketime: apt-get install faketime)")
     return lib
 
 

@@ -28,6 +28,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.required import missing_tool
+
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--no-default-browser-check", "--hide-scrollbars", "--mute-audio"]
 RUN_BOUND = 90.0  # seconds one headless run may take
@@ -44,10 +46,7 @@ def find_chromium() -> str | None:
 def chromium() -> str:
     path = find_chromium()
     if path is None:
-        why = "chromium is not installed (Debian: apt-get install chromium fonts-dejavu-core)"
-        if os.environ.get("CI"):
-            pytest.fail(why + "; CI must install it")
-        pytest.skip(why)
+        missing_tool("chromium is not installed (Debian: apt-get install chromium fonts-dejavu-core)")
     return path
 
 

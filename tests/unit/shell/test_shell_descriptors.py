@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.required import missing_tool
+
 ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent("""
@@ -44,10 +46,7 @@ SCRIPT = textwrap.dedent("""
 def strace() -> str:
     found = shutil.which("strace")
     if found is None:
-        why = "strace is not installed (apt-get install strace)"
-        if os.environ.get("CI"):
-            pytest.fail(why + "; CI must install it")
-        pytest.skip(why)
+        missing_tool("strace is not installed (apt-get install strace)")
     return found
 
 
