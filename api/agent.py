@@ -265,8 +265,8 @@ class Agent:
         await self._runner.setup()
         host, port = _split(c.http_addr)
         await web.TCPSite(self._runner, host, port).start()
-        log.info("node %s: API on http://%s, raft on %s, peers %s", c.node_id, c.http_addr, c.raft_addr,
-                 ", ".join(c.peers) or "(none: single-node cluster)")
+        log.info("node %s: API on http://%s, raft on %s, peers %s; event loop %s", c.node_id, c.http_addr, c.raft_addr,
+                 ", ".join(c.peers) or "(none: single-node cluster)", type(asyncio.get_running_loop()).__module__.split(".")[0])
         self._tasks = [
             asyncio.create_task(self._watch_peers(), name="peer-watch"),
             asyncio.create_task(self._sample_trend(), name="trend"),
