@@ -61,17 +61,17 @@ def test_an_unknown_snapshot_format_is_refused_naming_the_flag(value: str) -> No
         config("--snapshot-format", value)
 
 
-def test_the_event_loop_defaults_to_asyncio_and_takes_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert config().event_loop == "asyncio"
-    assert config("--event-loop", "uvloop").event_loop == "uvloop"
-    assert config("--event-loop", " UVLOOP ").event_loop == "uvloop"
-    monkeypatch.setenv("RAFTCRON_EVENT_LOOP", "uvloop")
+def test_the_event_loop_defaults_to_uvloop_and_takes_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config().event_loop == "uvloop"
+    assert config("--event-loop", "asyncio").event_loop == "asyncio"
+    assert config("--event-loop", " ASYNCIO ").event_loop == "asyncio"
+    monkeypatch.setenv("RAFTCRON_EVENT_LOOP", "asyncio")
+    assert config().event_loop == "asyncio"
 
 
 @pytest.mark.parametrize("value", ["trio", "", "uv loop"])
 def test_an_unknown_event_loop_is_refused_naming_the_flag(value: str) -> None:
-    with pytest.raises(ValueError, match=r"^--event-loop \(RAFTCRON_EVENT_LOOP\): expected one of asyncio, uvloop, got "):
+    with pytest.raises(ValueError, match=r"^--event-loop \(RAFTCRON_EVENT_LOOP\): expected one of uvloop, asyncio, got "):
         config("--event-loop", value)
 
 
