@@ -81,7 +81,7 @@ class _Response:
 
 @dataclass(slots=True)
 class _Wait:
-    """One request's wait for a connection (its ``trace_request_ctx``)."""
+    """One attempt's wait for a connection to its host."""
 
     url: str
     since: float | None = None
@@ -93,10 +93,28 @@ class _Wait:
         return _host(self.url)
 
 
+@dataclass(slots=True)
+class _Gate:
+    """The connections one host may have from this node: a semaphore, and how many attempts
+    hold it or wait on it (the gate is dropped when none do, so hosts no job names any more
+    leave nothing behind)."""
+
+    key: str  # _host_key
+    slots: asyncio.Semaphore
+    users: int = 0
+
+
 class HttpExecutor:
     """Runs ``http`` jobs over one lazily created aiohttp session; ``await close()`` it.
 
-    ``per_host``: connections open to one host at once (``CONNECTIONS_PER_HOST``; 0: no bound)."""
+    ``per_host``: connections open to one host at once (``CONNECTIONS_PER_HOST``; 0: no bound).
+    The bound is a semaphore per host of the executor's own, held for the whole exchange:
+    learning of a wait from aiohttp's ``limit_per_host`` took its request tracing, whose signals
+    cost ~7 % of a worker's event loop when a thousand attempts start at once (bench/README
+    item 99). aiohttp's bound stays behind it for the hosts a redirect leads to, which the
+    semaphore of the first host does not cover; a wait there is not counted. ``waits`` may count
+    an attempt that found the last free connection promised to one woken in the same turn of
+    the loop: it waited ~0 s."""
 
     def __init__(self, *, now: Callable[[], datetime] = _utcnow, per_host: int = CONNECTIONS_PER_HOST) -> None:
         if per_host < 0:
@@ -108,6 +126,7 @@ class HttpExecutor:
         self.waiting = 0  # attempts waiting for one now
         self.longest_wait = 0.0
         self._warned: dict[str, float] = {}  # host -> when a long wait was last logged (monotonic)
+        self._gates: dict[str, _Gate] = {}  # host key (_host_key) -> its connections
 
     async def close(self) -> None:
         if self._session is not None:
@@ -124,30 +143,40 @@ class HttpExecutor:
                 timeout=aiohttp.ClientTimeout(total=None),
                 # Per host only (see CONNECTIONS_PER_HOST): attempts to other hosts never wait
                 # behind one host's slow answers; the scheduler bounds concurrency overall.
+                # The bound per host is the executor's own (_bounded); aiohttp's, the same,
+                # only ever holds back a redirect's next hop.
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.per_host),
                 headers={"User-Agent": "raftcron"},
-                trace_configs=[self._tracing()],
             )
         return self._session
 
-    def _tracing(self) -> aiohttp.TraceConfig:
-        trace = aiohttp.TraceConfig()
+    def _gate(self, url: str) -> _Gate | None:
+        """The gate of the host ``url`` names, None when hosts are not bounded."""
+        if not self.per_host:
+            return None
+        key = _host_key(url)
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(key, asyncio.Semaphore(self.per_host))
+        return gate
 
-        async def queued(_s: aiohttp.ClientSession, ctx: Any, _p: aiohttp.TraceConnectionQueuedStartParams) -> None:
-            if isinstance(ctx.trace_request_ctx, _Wait):
-                ctx.trace_request_ctx.since = time.monotonic()
-                self.waiting += 1
+    async def _enter(self, gate: _Gate, wait: _Wait) -> None:
+        """Take one of the host's connections, waiting (counted) while it has none free."""
+        if not gate.slots.locked():
+            await gate.slots.acquire()  # free: returns without a turn of the loop
+            return
+        wait.since = time.monotonic()
+        self.waiting += 1
+        try:
+            await gate.slots.acquire()
+        finally:
+            self.waiting -= 1
+        wait.waited = time.monotonic() - wait.since
 
-        async def dequeued(_s: aiohttp.ClientSession, ctx: Any, _p: aiohttp.TraceConnectionQueuedEndParams) -> None:
-            wait = ctx.trace_request_ctx
-            if isinstance(wait, _Wait) and wait.since is not None:
-                wait.waited = time.monotonic() - wait.since
-                self.waiting -= 1
-                self._waited(wait)
-
-        trace.on_connection_queued_start.append(queued)
-        trace.on_connection_queued_end.append(dequeued)
-        return trace
+    def _leave(self, gate: _Gate) -> None:
+        gate.users -= 1
+        if gate.users == 0 and self._gates.get(gate.key) is gate:
+            del self._gates[gate.key]
 
     def _waited(self, wait: _Wait) -> None:
         seconds = wait.waited or 0.0
@@ -174,11 +203,7 @@ class HttpExecutor:
         wait = _Wait(url=spec["url"])
         try:
             async with asyncio.timeout(attempt.timeout):
-                try:
-                    await self._exchange(attempt, response, wait)
-                finally:
-                    if wait.since is not None and wait.waited is None:
-                        self.waiting -= 1  # given up in the queue: aiohttp tells no end of the wait then
+                await self._bounded(attempt, response, wait)
         except TimeoutError:
             error = f"timed out after {attempt.timeout:g}s"
             if wait.since is not None and wait.waited is None:
@@ -196,7 +221,26 @@ class HttpExecutor:
         status = OutcomeStatus.FAILED if verdict else OutcomeStatus.SUCCEEDED
         return self._outcome(started, status, response, error=verdict)
 
-    async def _exchange(self, attempt: Attempt, response: _Response, wait: _Wait) -> None:
+    async def _bounded(self, attempt: Attempt, response: _Response, wait: _Wait) -> None:
+        """The exchange, holding one of its host's connections throughout."""
+        url = attempt.spec["url"]
+        gate = self._gate(url)
+        if gate is None:
+            await self._exchange(attempt, response)
+            return
+        gate.users += 1
+        try:
+            await self._enter(gate, wait)
+            try:
+                if wait.waited is not None:
+                    self._waited(wait)
+                await self._exchange(attempt, response)
+            finally:
+                gate.slots.release()
+        finally:
+            self._leave(gate)
+
+    async def _exchange(self, attempt: Attempt, response: _Response) -> None:
         spec = attempt.spec
         body: str | None = spec.get("body")
         async with self._client().request(
@@ -204,7 +248,6 @@ class HttpExecutor:
             spec["url"],
             headers=_headers(attempt),
             data=body.encode("utf-8") if body is not None else None,
-            trace_request_ctx=wait,
         ) as resp:
             response.status = resp.status
             response.charset = _charset(resp.charset)
@@ -300,6 +343,16 @@ def _describe(exc: BaseException, url: str) -> str:
     if isinstance(exc, aiohttp.ClientResponseError):
         return f"bad response: {exc.message}: {where}"
     return f"request failed: {str(exc) or type(exc).__name__}: {where}"
+
+
+def _host_key(url: str) -> str:
+    """What connections to ``url`` are bounded by: its scheme, host and port, as aiohttp keeps
+    a connection for them (a URL aiohttp will refuse keys on its own text, and fails there)."""
+    try:
+        u = yarl.URL(url)
+        return f"{u.scheme}://{(u.host or '').lower()}:{u.port}"
+    except (ValueError, TypeError):
+        return url
 
 
 def _host(url: str) -> str:

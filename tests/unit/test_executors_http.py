@@ -304,6 +304,15 @@ async def _held_server(held: dict[str, Any]) -> TestServer:
     return server
 
 
+async def _first_held(ex: HttpExecutor, url: str, held: dict[str, Any]) -> asyncio.Task[Any]:
+    """An attempt to ``url`` started and waited for until the receiver holds it (30 s at most)."""
+    first = asyncio.create_task(ex.run(attempt(url, timeout=60)))
+    deadline = time.monotonic() + 30
+    while held["now"] < 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return first
+
+
 async def test_a_burst_to_one_host_opens_at_most_the_bound_and_every_attempt_is_sent() -> None:
     """Thousands of slots due at one instant opened a connection each at once: the target's
     accept queue overflowed and TCP retried the dropped ones 1, 3 and 7 s later. Now one host
@@ -339,10 +348,7 @@ async def test_an_attempt_that_times_out_waiting_for_a_connection_says_so() -> N
     ex = HttpExecutor(per_host=1)
     try:
         url = str(server.make_url("/hold"))
-        first = asyncio.create_task(ex.run(attempt(url, timeout=60)))
-        deadline = time.monotonic() + 30
-        while held["now"] < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        first = await _first_held(ex, url, held)
         second = await ex.run(attempt(url, timeout=0.3))
         assert ex.waiting == 0  # the wait given up is not counted as still waiting
         held["release"].set()
@@ -364,10 +370,7 @@ async def test_other_hosts_do_not_wait_behind_a_host_at_its_bound() -> None:
     server2 = await _held_server(other)
     ex = HttpExecutor(per_host=1)
     try:
-        first = asyncio.create_task(ex.run(attempt(str(server.make_url("/hold")), timeout=60)))
-        deadline = time.monotonic() + 30
-        while held["now"] < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        first = await _first_held(ex, str(server.make_url("/hold")), held)
         elsewhere = await ex.run(attempt(str(server2.make_url("/hold")), timeout=30))
         assert elsewhere.status is OutcomeStatus.SUCCEEDED and ex.waits == 0
         held["release"].set()
@@ -382,3 +385,32 @@ async def test_other_hosts_do_not_wait_behind_a_host_at_its_bound() -> None:
 def test_a_negative_bound_is_refused() -> None:
     with pytest.raises(ValueError, match="connections per host must be 0"):
         HttpExecutor(per_host=-1)
+
+
+async def test_every_url_of_a_host_shares_its_bound_and_an_idle_host_leaves_nothing_behind() -> None:
+    """The bound is per scheme, host and port, whatever the path, the query or the case of the
+    scheme; once no attempt holds or waits for a host, the executor keeps nothing for it, a
+    wait given up by a timeout included."""
+    held: dict[str, Any] = {"now": 0, "most": 0, "release": asyncio.Event()}
+    server = await _held_server(held)
+    ex = HttpExecutor(per_host=1)
+    url = str(server.make_url("/hold"))
+    try:
+        first = await _first_held(ex, url, held)
+        given_up = await ex.run(attempt(url.replace("http://", "HTTP://") + "?job=late", timeout=0.3))
+        assert ex.waiting == 0 and ex.waits == 0  # a wait given up is no wait that ended
+        second = asyncio.create_task(ex.run(attempt(url + "?job=other", timeout=60)))
+        deadline = time.monotonic() + 30
+        while ex.waiting < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert ex.waiting == 1 and held["now"] == 1  # the second waits for the first's connection
+        held["release"].set()
+        outcomes = [await first, await second]
+    finally:
+        held["release"].set()
+        await ex.close()
+        await server.close()
+    assert given_up.status is OutcomeStatus.TIMED_OUT and "waiting for a connection" in (given_up.error or "")
+    assert [o.status for o in outcomes] == [OutcomeStatus.SUCCEEDED] * 2
+    assert held["most"] == 1 and ex.waits == 1 and ex.waiting == 0
+    assert ex._gates == {}
