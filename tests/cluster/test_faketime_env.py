@@ -57,7 +57,7 @@ def handovers(n):
         busy.join()
     return sorted(waits)[len(waits) // 2]
 
-wall, mono = time.time(), time.monotonic()
+wall = time.time()
 offset = wall - float(sys.argv[1])
 start = time.monotonic()
 time.sleep(0.05)
