@@ -99,7 +99,7 @@ class _Gate:
     hold it or wait on it (the gate is dropped when none do, so hosts no job names any more
     leave nothing behind)."""
 
-    key: str  # _host_key
+    key: str  # _host
     slots: asyncio.Semaphore
     users: int = 0
 
@@ -126,7 +126,7 @@ class HttpExecutor:
         self.waiting = 0  # attempts waiting for one now
         self.longest_wait = 0.0
         self._warned: dict[str, float] = {}  # host -> when a long wait was last logged (monotonic)
-        self._gates: dict[str, _Gate] = {}  # host key (_host_key) -> its connections
+        self._gates: dict[str, _Gate] = {}  # scheme://host:port (_host) -> its connections
 
     async def close(self) -> None:
         if self._session is not None:
@@ -154,7 +154,7 @@ class HttpExecutor:
         """The gate of the host ``url`` names, None when hosts are not bounded."""
         if not self.per_host:
             return None
-        key = _host_key(url)
+        key = _host(url)
         gate = self._gates.get(key)
         if gate is None:
             gate = self._gates[key] = _Gate(key, asyncio.Semaphore(self.per_host))
@@ -345,18 +345,10 @@ def _describe(exc: BaseException, url: str) -> str:
     return f"request failed: {str(exc) or type(exc).__name__}: {where}"
 
 
-def _host_key(url: str) -> str:
-    """What connections to ``url`` are bounded by: its scheme, host and port, as aiohttp keeps
-    a connection for them (a URL aiohttp will refuse keys on its own text, and fails there)."""
-    try:
-        u = yarl.URL(url)
-        return f"{u.scheme}://{(u.host or '').lower()}:{u.port}"
-    except (ValueError, TypeError):
-        return url
-
-
 def _host(url: str) -> str:
-    """The scheme, host and port a connection is kept for, as a log line may show it."""
+    """The scheme, host and port a connection is kept for, as a log line may show it, and the
+    key of the host's bound (``HttpExecutor._gate``): yarl gives the host in lower case and the
+    port a scheme implies, as aiohttp keys its connections."""
     try:
         u = yarl.URL(url)
         return f"{u.scheme}://{u.host}:{u.port}"

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from .harness import REPORT, Cluster, Sink
+from tests.required import missing_tool
+
+from .harness import REPORT, Cluster, Sink, libfaketime
 
 pytestmark = pytest.mark.cluster
 
@@ -27,6 +29,15 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cal
     if rep is not None and rep.failed:
         for c in made:
             print(c.dump_logs())
+
+
+@pytest.fixture(scope="session")
+def faketime_lib() -> Path:
+    """libfaketime's preload library, for the tests that skew an agent's clock."""
+    lib = libfaketime()
+    if lib is None:
+        missing_tool("libfaketime is not installed (Debian package faketime: apt-get install faketime)")
+    return lib
 
 
 @pytest.fixture

@@ -23,9 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.required import missing_tool
-
-from .harness import faketime_env, libfaketime
+from .harness import faketime_env
 
 pytestmark = pytest.mark.cluster
 
@@ -80,17 +78,9 @@ def _probe(tmp_path: Path, library: Path, offset: str, rounds: int = 41) -> dict
     return dict(json.loads(out))
 
 
-@pytest.fixture(scope="module")
-def library() -> Path:
-    lib = libfaketime()
-    if lib is None:
-        missing_tool("libfaketime is not installed (Debian package faketime: apt-get install faketime)")
-    return lib
-
-
 @pytest.mark.parametrize("offset", ["+0s", "+3s", "-3s"])
-def test_threads_take_turns_as_without_the_library(tmp_path: Path, library: Path, offset: str) -> None:
-    got = _probe(tmp_path, library, offset)
+def test_threads_take_turns_as_without_the_library(tmp_path: Path, faketime_lib: Path, offset: str) -> None:
+    got = _probe(tmp_path, faketime_lib, offset)
     assert got["switch"] == SWITCH_INTERVAL
     assert got["handover"] >= HANDOVER_FLOOR, (
         f"at {offset}, a thread took the GIL from a busy one after {got['handover'] * 1e3:.2f} ms (median), "
@@ -99,9 +89,9 @@ def test_threads_take_turns_as_without_the_library(tmp_path: Path, library: Path
 
 
 @pytest.mark.parametrize(("offset", "seconds"), [("+3s", 3.0), ("-3s", -3.0), ("+30s", 30.0)])
-def test_the_wall_clock_moves_and_waits_keep_their_length(tmp_path: Path, library: Path, offset: str,
+def test_the_wall_clock_moves_and_waits_keep_their_length(tmp_path: Path, faketime_lib: Path, offset: str,
                                                           seconds: float) -> None:
-    got = _probe(tmp_path, library, offset, rounds=3)
+    got = _probe(tmp_path, faketime_lib, offset, rounds=3)
     # The probe reads its clock after the parent's, so the offset it sees is the library's plus
     # the start-up of an interpreter (well under a second here, more on a loaded machine).
     assert seconds - 0.05 <= got["offset"] < seconds + 5.0, got

@@ -38,9 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.required import missing_tool
-
-from .harness import REPORT, Cluster, Delivery, Node, Sink, job_doc, libfaketime, wait_for
+from .harness import REPORT, Cluster, Delivery, Node, Sink, job_doc, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -259,14 +257,6 @@ def _measure(tmp: Path, library: Path, case: str, role: str | None, offset: floa
         REPORT.append(f"(set aside: failed {why}) {figures.line()}")
         print(REPORT[-1])
     raise AssertionError("unreachable: the last run returns")
-
-
-@pytest.fixture(scope="module")
-def faketime_lib() -> Path:
-    lib = libfaketime()
-    if lib is None:
-        missing_tool("libfaketime is not installed (Debian package faketime: apt-get install faketime)")
-    return lib
 
 
 @pytest.fixture(scope="module")
