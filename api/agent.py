@@ -35,6 +35,7 @@ from scheduler.executors.http import CONNECTIONS_PER_HOST
 from scheduler.executors.shell import ShellUser, resolve_shell_user
 from scheduler.runtime import RuntimeConfig, SchedulerRuntime
 from scheduler.skew import ClusterTime, leader_lead_us, parse_max_skew
+from scheduler.spill import Spiller
 from scheduler.state import SNAPSHOT_VERSION, SNAPSHOT_VERSIONS, State
 
 from .app import create_app
@@ -71,6 +72,7 @@ class AgentConfig:
     metrics_max_jobs: int = MAX_JOB_SERIES
     snapshot_format: int = SNAPSHOT_VERSION
     event_loop: str = "uvloop"
+    runs_in_memory: bool = False
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -110,6 +112,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(str(v) for v in SNAPSHOT_VERSIONS[:-1])}) while a node of a release that reads "
                         f"only up to it is still a member (a rolling upgrade); every version listed is read "
                         f"(RAFTCRON_SNAPSHOT_FORMAT)")
+    p.add_argument("--runs-in-memory", action="store_true", default=_truthy(_env("RUNS_IN_MEMORY")),
+                   help="keep all of the run history in memory; by default the history of jobs that have not run "
+                        "for a while is kept in an unnamed scratch file in the data directory and read back when "
+                        "needed (RAFTCRON_RUNS_IN_MEMORY)")
     p.add_argument("--no-fsync", action="store_true", default=_truthy(_env("NO_FSYNC")), help="do not fsync the journal (faster, loses acknowledged writes on power loss) (RAFTCRON_NO_FSYNC)")
     p.add_argument("--min-free", type=int, default=int(_env("MIN_FREE", str(MIN_FREE))), help=f"refuse writes (507) while the data directory has fewer free bytes than this (default {MIN_FREE}) (RAFTCRON_MIN_FREE)")
     p.add_argument("--event-loop", default=_env("EVENT_LOOP", "uvloop"),
@@ -161,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         metrics_max_jobs=_count("--metrics-max-jobs", args.metrics_max_jobs),
         snapshot_format=_snapshot_format(args.snapshot_format),
         event_loop=_event_loop(getattr(args, "event_loop", "uvloop")),
+        runs_in_memory=bool(getattr(args, "runs_in_memory", False)),
     )
 
 
@@ -245,6 +252,8 @@ class Agent:
             cluster_time=self.cluster_time)
         self.runtime = runtime
         _private_dir(c.data_dir)
+        if not c.runs_in_memory:
+            self.state.runs.spill_to(Spiller(c.data_dir))
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
                        compaction_entries=c.compaction_entries, min_free=c.min_free, applies=APPLIES),

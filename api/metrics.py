@@ -430,6 +430,10 @@ class _ScrapeCollector:
                      "result in memory until taken)", relay.peak if relay is not None else 0)
         yield _gauge("gc_frozen_objects", "Objects moved out of the collector's walks (the state restored or "
                      "long-lived after a slow full collection)", gc.get_freeze_count())
+        spilled, spilled_bytes = state.runs.spilled()
+        yield _gauge("runs_spilled_jobs", "Jobs whose run history this node keeps in its spill file, out of memory "
+                     "(read back when needed)", spilled)
+        yield _gauge("runs_spilled_bytes", "Bytes of run history this node keeps in its spill file", spilled_bytes)
         yield _gauge("dead_letters", "Runs in the dead-letter list", len(state.dead))
         yield _gauge("active_runs", "Ledger runs claimed, running or awaiting a retry", len(state.active))
         w = m.worker

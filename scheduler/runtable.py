@@ -23,8 +23,10 @@ never sees one under another token.
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import sys
+import time
 import zlib
 from array import array
 from collections import Counter
@@ -35,6 +37,9 @@ from typing import Any, Protocol, cast, get_args
 import msgpack
 
 from .runs import HELD, RUN_STATUSES, RunRecord, TriggerName
+from .spill import Spilled, Spiller
+
+_log = logging.getLogger("raftcron.runs")
 
 __all__ = ["Captured", "JobRuns", "RunTable", "Slices", "run_id_of", "token_of_id"]
 
@@ -73,6 +78,16 @@ def _ref(rid: Any) -> Any:
     token = token_of_id(rid)
     return rid if token is None or token >= _TOKEN_END else token
 
+
+SWEEP_EVERY = 0.1
+"""Seconds between two slices of the sweep that moves cold values out of memory (``RunTable.tick``)."""
+SWEEP_JOBS = 2500
+"""Jobs a slice of that sweep looks at: 100,000 jobs are met once every ~4 s of applying."""
+COLD_AFTER = 5.0
+"""Seconds a job's value stays in memory after it was last made: the claim, start and result of
+one slot come within them, and a job firing every few seconds is never moved out at all."""
+SPILL_MIN = 256
+"""A value smaller than this stays in memory: what its place in the file costs (a ``Spilled``) would take most of what it frees."""
 
 _TOKEN_END = 1 << 63
 _CAUSE = 0x80
@@ -186,6 +201,15 @@ _HEAD = 8
 _EMPTY = bytes(_HEAD)
 """What a job with no runs holds (one value shared by all of them)."""
 _ORDER: Any = sys.byteorder
+
+
+def _bytes(value: bytes | Spilled) -> bytes:
+    """A job's value as ``RunTable._jobs`` holds it (in memory, or where ``scheduler.spill`` keeps it), as bytes."""
+    return value if type(value) is bytes else cast(Spilled, value).read()
+
+
+def _count_in(value: bytes | Spilled) -> int:
+    return int.from_bytes(value[:_HEAD], _ORDER) if type(value) is bytes else cast(Spilled, value).count
 
 
 def _open(blob: bytes) -> tuple[int, memoryview, memoryview, memoryview]:
@@ -341,7 +365,8 @@ class RunTable:
     value: it goes into ``_live`` before its job's value names it, and leaves after."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, bytes] = {}
+        # Each job's value: in memory, or (with a spiller) where ``scheduler.spill`` keeps it.
+        self._jobs: dict[str, bytes | Spilled] = {}
         # The records kept as dicts (attempts in flight, mostly), by id: the leader and the
         # workers read them at every tick, without the token index.
         self._live: dict[str, RunRecord] = {}
@@ -349,6 +374,105 @@ class RunTable:
         self._holes = 0
         self._len = 0
         self._statuses: dict[str, int] = {}
+        self._spiller: Spiller | None = None
+        self._recent: dict[str, float] = {}  # job -> when its value was last made (``_now``), until moved out
+        self._now = 0.0  # ``time.monotonic()`` as of the last tick
+        self._sweep_names: list[str] = []
+        self._sweep_at = 0
+        self._swept = 0.0
+
+    # ---- values kept out of memory (scheduler.spill) ---------------------------
+
+    def spill_to(self, spiller: Spiller | None) -> None:
+        """Keep cold values with ``spiller`` from now on (None: all in memory). Set before the
+        table holds any record (an agent sets it on a table just made)."""
+        self._spiller = spiller
+
+    @property
+    def spiller(self) -> Spiller | None:
+        return self._spiller
+
+    def spilled(self) -> tuple[int, int]:
+        """How many jobs' values are kept out of memory, and their bytes."""
+        spiller = self._spiller
+        return (0, 0) if spiller is None else (spiller.values, spiller.bytes)
+
+    def tick(self) -> None:
+        """Called by the state after each applied entry (the raft thread): a slice of the sweep
+        at most every ``SWEEP_EVERY`` seconds."""
+        if self._spiller is not None:
+            now = self._now = time.monotonic()
+            if now - self._swept >= SWEEP_EVERY:
+                self._swept = now
+                try:
+                    self.sweep(SWEEP_JOBS)
+                except OSError as exc:  # a value could not be read back to move it: left where it is
+                    self._spiller.failed = True
+                    _log.warning("run history kept in memory from now on: moving it between spill files failed: %s", exc)
+
+    def sweep(self, jobs: int, everything: bool = False, now: float | None = None) -> int:
+        """Go on with the sweep over the jobs by up to ``jobs`` of them: a value in memory that
+        was last made ``COLD_AFTER`` seconds ago or more (every one, with ``everything``) and
+        weighs at least ``SPILL_MIN`` bytes goes to the spill file, and a value kept in a file
+        that was left (``Spiller.rotate``) moves to the current one. How many values moved.
+        ``now``: the instant to judge by (``time.monotonic()``), else the last tick's."""
+        if now is not None:
+            self._now = now
+        spiller = self._spiller
+        if spiller is None or spiller.failed:
+            return 0
+        if self._sweep_at >= len(self._sweep_names):  # a new round over every job
+            self._sweep_names = list(self._jobs.copy())
+            self._sweep_at = 0
+            spiller.rotate()
+        names = self._sweep_names[self._sweep_at:self._sweep_at + jobs]
+        self._sweep_at += len(names)
+        recent, held, current = self._recent, self._jobs, spiller.current
+        cold = self._now - COLD_AFTER
+        moving: list[tuple[str, bytes | Spilled, bytes]] = []
+        for job in names:
+            value = held.get(job)
+            if value is None or value is _EMPTY:
+                continue
+            if type(value) is bytes:
+                made = recent.get(job)
+                if made is not None:
+                    if made > cold and not everything:
+                        continue  # made lately: kept in memory
+                    del recent[job]
+                if len(value) >= SPILL_MIN:
+                    moving.append((job, value, value))
+            elif cast(Spilled, value).file is not current:
+                moving.append((job, value, cast(Spilled, value).read()))
+        refs = spiller.store([(data, int.from_bytes(data[:_HEAD], _ORDER)) for _, _, data in moving])
+        if refs is None:
+            return 0
+        for (job, was, _), ref in zip(moving, refs, strict=True):
+            if held.get(job) is was:
+                held[job] = ref
+                if type(was) is Spilled:
+                    spiller.released(was)
+            else:
+                spiller.released(ref)
+        return len(refs)
+
+    def _held(self, job: str) -> bytes | None:
+        """The job's value as bytes (read back when it is kept out of memory), None for a job not held."""
+        value = self._jobs.get(job)
+        return value if value is None or type(value) is bytes else cast(Spilled, value).read()
+
+    def _set(self, job: str, blob: bytes) -> None:
+        """The job's value made anew (the raft thread)."""
+        jobs = self._jobs
+        spiller = self._spiller
+        if spiller is None:
+            jobs[job] = blob
+            return
+        old = jobs.get(job)
+        jobs[job] = blob
+        if type(old) is Spilled:
+            spiller.released(old)
+        self._recent[job] = self._now
 
     # ---- reading ---------------------------------------------------------------
 
@@ -358,7 +482,7 @@ class RunTable:
             return live
         token = token_of_id(rid)
         job = None if token is None else self._index.owner(token)
-        blob = None if job is None else self._jobs.get(job)
+        blob = None if job is None else self._held(job)
         if job is None or blob is None or token is None:
             return None
         return _record(job, blob, token, self._live)  # from _live: gone if it was removed meanwhile
@@ -398,18 +522,18 @@ class RunTable:
 
     def tokens_of(self, job: str) -> array[int]:
         """The job's tokens in order (a copy)."""
-        blob = self._jobs.get(job)
+        blob = self._held(job)
         return array("q") if blob is None else array("q", _open(blob)[1])
 
     def ids_of(self, job: str) -> list[str] | None:
         """The job's run ids in claim order; None for a job the table does not hold."""
-        blob = self._jobs.get(job)
+        blob = self._held(job)
         return None if blob is None else [run_id_of(t) for t in _open(blob)[1]]
 
     def count_of(self, job: str) -> int:
         """How many records the job holds."""
         blob = self._jobs.get(job)
-        return 0 if blob is None else int.from_bytes(blob[:_HEAD], _ORDER)
+        return 0 if blob is None else _count_in(blob)
 
     def records_of(self, job: str) -> list[RunRecord]:
         """The job's records in claim order."""
@@ -419,7 +543,7 @@ class RunTable:
         """The job's records newest first, each unpacked only when asked for; only those whose
         status is one of ``statuses`` (None: any), and with ``caused`` only those naming a cause
         (both told from a packed record's first bytes, without unpacking it)."""
-        blob = self._jobs.get(job)
+        blob = self._held(job)
         if blob is None:
             return
         n, tokens, lens, raw = _open(blob)
@@ -447,8 +571,8 @@ class RunTable:
             return dict(self.items()) == other
         if not isinstance(other, RunTable):
             return NotImplemented
-        return self.items() == other.items() and [(j, _open(b)[1].tolist()) for j, b in self._jobs.items()] == [
-            (j, _open(b)[1].tolist()) for j, b in other._jobs.items()]
+        return self.items() == other.items() and [(j, _open(_bytes(b))[1].tolist()) for j, b in self._jobs.items()] == [
+            (j, _open(_bytes(b))[1].tolist()) for j, b in other._jobs.items()]
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -477,7 +601,7 @@ class RunTable:
             self._count(run["status"], 1)
             return
         data = b"" if packed is None else packed
-        blob = self._jobs.get(job, _EMPTY)
+        blob = self._held(job) or _EMPTY
         n, tokens, lens, raw = _open(blob)
         i = n if not n or tokens[n - 1] < token else bisect.bisect_left(tokens, token)
         replaced = i < n and tokens[i] == token
@@ -492,14 +616,14 @@ class RunTable:
         lens_at = _HEAD + 8 * n
         if replaced:
             if packed is not None or lens[i]:  # a dict for a dict leaves the job's value as it is
-                self._jobs[job] = _made(n, (raw[_HEAD:lens_at + 4 * i], size, raw[lens_at + 4 * i + 4:start],
-                                            data, raw[end:]))
+                self._set(job, _made(n, (raw[_HEAD:lens_at + 4 * i], size, raw[lens_at + 4 * i + 4:start],
+                                         data, raw[end:])))
         else:  # a new record; out of token order is not the ledger's way, but it is kept in order
             self._insert(token, job)
             at = len(blob) if i == n else _data_at(n) + sum(lens[:i])
-            self._jobs[job] = _made(n + 1, (raw[_HEAD:_HEAD + 8 * i], token.to_bytes(8, _ORDER, signed=True),
-                                            raw[_HEAD + 8 * i:lens_at + 4 * i], size, raw[lens_at + 4 * i:at],
-                                            data, raw[at:]))
+            self._set(job, _made(n + 1, (raw[_HEAD:_HEAD + 8 * i], token.to_bytes(8, _ORDER, signed=True),
+                                         raw[_HEAD + 8 * i:lens_at + 4 * i], size, raw[lens_at + 4 * i:at],
+                                         data, raw[at:])))
             self._len += 1
         if packed is not None:
             self._live.pop(rid, None)  # last: the job's value holds it packed now
@@ -516,7 +640,7 @@ class RunTable:
         if type(token) is not int or rid != run_id_of(token) or run["id"] != rid:
             return False
         job = sys.intern(run["job"])
-        blob = self._jobs.get(job, _EMPTY)
+        blob = self._held(job) or _EMPTY
         n, tokens, lens, raw = _open(blob)
         if (n and tokens[n - 1] >= token) or self._index.owner(token) is not None:
             return False
@@ -532,8 +656,8 @@ class RunTable:
             self._live[rid] = run  # first: the job's value names it as kept here
         self._insert(token, job)
         keep_tokens, keep_lens, keep_data, dropped = _without(n, tokens, lens, raw, at)
-        self._jobs[job] = _made(n + 1 - len(at), (*keep_tokens, token.to_bytes(8, _ORDER, signed=True),
-                                                   *keep_lens, len(data).to_bytes(4, _ORDER), *keep_data, data))
+        self._set(job, _made(n + 1 - len(at), (*keep_tokens, token.to_bytes(8, _ORDER, signed=True),
+                                                *keep_lens, len(data).to_bytes(4, _ORDER), *keep_data, data)))
         self._len += 1
         self._count(run["status"], 1)
         self._dropped(dropped)
@@ -549,7 +673,7 @@ class RunTable:
         """Remove these records of ``job`` (by token) in one step: the job's value is made again
         once, not once a record (history trimmed by 1,000 runs of a job keeping 10,000).
         Returns how many it held."""
-        blob = self._jobs.get(job)
+        blob = self._held(job)
         gone = set(doomed)
         if blob is None or not gone:
             return 0
@@ -558,15 +682,19 @@ class RunTable:
         if not at:
             return 0
         keep_tokens, keep_lens, keep_data, dropped = _without(n, tokens, lens, raw, at)
-        self._jobs[job] = _made(n - len(at), (*keep_tokens, *keep_lens, *keep_data))
+        self._set(job, _made(n - len(at), (*keep_tokens, *keep_lens, *keep_data)))
         self._dropped(dropped)
         return len(dropped)
 
     def drop_job(self, job: str) -> list[str]:
         """Remove the job and all its records; their ids."""
-        blob = self._jobs.pop(job, None)
-        if blob is None:
+        value = self._jobs.pop(job, None)
+        if value is None:
             return []
+        self._recent.pop(job, None)
+        if type(value) is Spilled and self._spiller is not None:
+            self._spiller.released(value)
+        blob = _bytes(value)
         n, tokens, lens, raw = _open(blob)
         at = _data_at(n)
         dropped: list[tuple[int, str | None]] = []
@@ -664,7 +792,7 @@ class RunTable:
                 self.add_job(job)
                 continue
             tokens = _unwire("q", raw)
-            blob = self._jobs.get(job, _EMPTY)
+            blob = self._held(job) or _EMPTY
             n = 0 if blob is _EMPTY else int.from_bytes(blob[:_HEAD], _ORDER)
             listed = tokens.tolist()
             # In C where it can be: a loop a record took half of a restore's time.
@@ -803,13 +931,14 @@ class RunTable:
         owner_of = dict(zip(tokens, owners, strict=True)).get
         held = array("q")
         expected: list[str] = []
-        for job, blob in self._jobs.items():
-            if blob is not _EMPTY:
+        for job, value in self._jobs.items():
+            if value is not _EMPTY:
+                blob = _bytes(value)
                 n = int.from_bytes(blob[:_HEAD], _ORDER)
                 held.frombytes(blob[_HEAD:_HEAD + 8 * n])
                 expected += [job] * n
         if list(map(owner_of, held)) != expected:
-            job = next(job for job, blob in self._jobs.items() if [owner_of(t) for t in _open(blob)[1]] != [job] * len(_open(blob)[1]))
+            job = next(job for job, v in self._jobs.items() if [owner_of(t) for t in _open(_bytes(v))[1]] != [job] * _count_in(v))
             raise ValueError(f"the run index does not list the runs of job {job!r} as the job holds them")
 
 
@@ -818,7 +947,7 @@ class Captured:
     in token order (versions 1 and 2), each job's ids (``job_lists``), and version 3's chunks
     (``by_job``, ``index``)."""
 
-    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, bytes],
+    def __init__(self, tokens: array[int], owners: list[str | None], jobs: dict[str, bytes | Spilled],
                  live: dict[str, RunRecord]) -> None:
         # The index as captured, holes (removed records) and all: dropping them is a walk in
         # Python over every record (~0.15 s at 400,000), left to whoever packs (``_held``)
@@ -861,7 +990,7 @@ class Captured:
     def __getitem__(self, part: slice) -> list[tuple[str, RunRecord]]:
         out = []
         for token, job in self._pair_list()[part]:
-            run = _record(job, self._jobs[job], token, self._live)
+            run = _record(job, _bytes(self._jobs[job]), token, self._live)
             if run is None:
                 raise KeyError(run_id_of(token))  # a capture lists only what its jobs hold
             out.append((run_id_of(token), run))
@@ -869,7 +998,7 @@ class Captured:
 
     def job_lists(self) -> _Lazy:
         jobs = list(self._jobs.items())
-        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in _open(blob)[1]]) for job, blob in jobs[part]])
+        return _Lazy(len(jobs), lambda part: [(job, [run_id_of(t) for t in _open(_bytes(v))[1]]) for job, v in jobs[part]])
 
     def by_job(self, per_chunk: int) -> Iterator[list[Any]]:
         """Chunks of ``(job, tokens, values)``, every job in table order (none left out: the
@@ -879,7 +1008,8 @@ class Captured:
         32 ms, and longer on a busy machine, while the API waited.)"""
         chunk: list[Any] = []
         held = 0
-        for job, blob in self._jobs.items():
+        for job, value in self._jobs.items():
+            blob = _bytes(value)
             tokens, values = _values(blob, self._live) if blob is not _EMPTY else (memoryview(b"").cast("q"), [])
             for start in range(0, max(len(values), 1), per_chunk):  # a job without runs: one empty part
                 part = values[start:start + per_chunk]
@@ -900,7 +1030,8 @@ class Captured:
         chunk: list[Any] = []
         held = 0
         kept_whole = {run["job"] for run in self._live.values()}  # the jobs whose values hold a record by id
-        for job, blob in self._jobs.items():
+        for job, kept in self._jobs.items():
+            blob = _bytes(kept)  # read back here, on the packing thread, when kept out of memory
             n = int.from_bytes(blob[:_HEAD], _ORDER)
             whole: list[Any] = []
             if n and job in kept_whole:

@@ -141,6 +141,7 @@ class State(Store):
             log.exception("apply of %s at %d failed", cmd.TAG, ctx.index)
             result = Rejected("internal", f"{type(exc).__name__}: {exc}")
         self.applied_index = ctx.index
+        self.runs.tick()  # moves cold run history out of memory, where the agent keeps it so
         if isinstance(result, Rejected):
             return result
         if cmd.at_us >= self.history_sweep_us and self.aged_jobs():
@@ -549,6 +550,8 @@ class State(Store):
             raise
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
             raise CodecError(f"state snapshot is malformed: {type(exc).__name__}: {exc}") from exc
+        if self.runs.spiller is not None:  # a file of its own: the old table's is dropped with it
+            fresh.runs.spill_to(self.runs.spiller.like())
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 
 

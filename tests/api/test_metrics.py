@@ -54,6 +54,7 @@ FAMILIES = {
     "raftcron_dead_letters": "gauge", "raftcron_alert_deliveries": "counter",
     "raftcron_api_request_duration_seconds": "histogram", "raftcron_worker_pending_reports": "gauge",
     "raftcron_worker_busy_attempts": "gauge", "raftcron_active_runs": "gauge", "raftcron_gc_frozen_objects": "gauge",
+    "raftcron_runs_spilled_jobs": "gauge", "raftcron_runs_spilled_bytes": "gauge",
     "raftcron_worker_declined_attempts": "counter", "raftcron_worker_reserved_attempts": "counter",
     "raftcron_loop_handoff_queued": "gauge", "raftcron_loop_handoff_peak": "gauge",
 }

@@ -1,0 +1,143 @@
+"""Where the run table keeps the values of jobs whose history has not changed for a while.
+
+An agent's run history is most of its memory once it has run a while: 100,000 jobs keeping ten
+runs each hold ~150 MB of packed records, and the heap around them churns as each job's value is
+made again at every claim, start and result. Most of those values are cold: an hourly job's
+value changes three times around its slot, then not for an hour. ``RunTable`` (``scheduler.runtable``)
+moves a cold value here and keeps a ``Spilled`` (where it lies) in its place; a reader reads
+it back with one ``pread``.
+
+The file is the agent's own scratch space, never its state: it is created unnamed
+(``O_TMPFILE``) in the data directory, so a crash or a restart leaves nothing behind, and the
+replicated state (snapshots and the journal) never refers to it. It is read with ``pread``, not
+mapped, so what the kernel caches of it is page cache, not the agent's resident memory.
+
+Values are appended, never written over: a reader (the event loop, a snapshot being packed on
+its own thread) that took a ``Spilled`` reads the bytes it names whatever the raft thread has
+written since. A file whose values have mostly been replaced is left behind for a new one
+(``Spiller.rotate``); it is closed when nothing refers to it any more (the last ``Spilled`` of
+it, or a snapshot's capture holding them, gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["SpillFile", "Spilled", "Spiller"]
+
+log = logging.getLogger("raftcron.runs")
+
+
+class SpillFile:
+    """One unnamed, append-only file. Appends come from one thread (the raft thread); reads from any."""
+
+    def __init__(self, directory: Path) -> None:
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd = os.open(directory, flags | os.O_TMPFILE, 0o600)
+        except (AttributeError, OSError):  # a file system without O_TMPFILE: a name unlinked at once
+            path = directory / f".runs-spill-{os.getpid()}-{threading.get_ident()}-{id(self)}"
+            self.fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(path)
+        self.end = 0  # bytes appended
+        self.live = 0  # bytes of values still named by the table
+
+    def append(self, data: bytes) -> int:
+        """Write ``data`` at the end; where it begins."""
+        at = self.end
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], at + done)
+        self.end = at + len(data)
+        self.live += len(data)
+        return at
+
+    def read(self, at: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, at)
+        if len(data) != size:
+            raise OSError(f"the run history's spill file gave {len(data)} bytes where {size} were written")
+        return data
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Spilled:
+    """A job's value as kept in a ``SpillFile``: where, how long, and its count of records (read
+    often, so kept here rather than read back)."""
+
+    __slots__ = ("file", "at", "size", "count")
+
+    def __init__(self, file: SpillFile, at: int, size: int, count: int) -> None:
+        self.file, self.at, self.size, self.count = file, at, size, count
+
+    def read(self) -> bytes:
+        return self.file.read(self.at, self.size)
+
+
+class Spiller:
+    """The table's current file, and when to leave it for a new one.
+
+    ``rotate_at``: a file is left once it holds more than this many bytes of which more than
+    half are values no longer named (replaced or dropped); the values it still holds move to
+    the new file as the table's sweep meets them."""
+
+    def __init__(self, directory: Path, rotate_at: int = 64 << 20) -> None:
+        self.directory = directory
+        self.rotate_at = rotate_at
+        self.current = SpillFile(directory)
+        self.failed = False  # an append failed (a full disk): values stay in memory from then on
+        self.values = 0  # values the table keeps here now, in any of its files
+        self.bytes = 0  # and their bytes
+
+    def like(self) -> Spiller:
+        """A spiller of its own (a new file) with the same settings: for a table made afresh."""
+        return Spiller(self.directory, self.rotate_at)
+
+    def store(self, values: list[tuple[bytes, int]]) -> list[Spilled] | None:
+        """Append each (value, count) and answer where each lies; None, having kept nothing,
+        when the file cannot be written (logged once; spilling stops)."""
+        if self.failed or not values:
+            return None
+        file = self.current
+        try:
+            at = file.append(b"".join(v for v, _ in values))
+        except OSError as exc:
+            self.failed = True
+            log.warning("run history kept in memory from now on: writing its spill file in %s failed: %s",
+                        self.directory, exc)
+            return None
+        out = []
+        for value, count in values:
+            out.append(Spilled(file, at, len(value), count))
+            at += len(value)
+        self.values += len(out)
+        self.bytes += file.end - out[0].at
+        return out
+
+    def released(self, ref: Spilled) -> None:
+        """``ref``'s value is no longer named by the table."""
+        ref.file.live -= ref.size
+        self.values -= 1
+        self.bytes -= ref.size
+
+    def rotate(self) -> bool:
+        """Leave the current file for a new one when it is mostly values no longer named."""
+        file = self.current
+        if file.end <= self.rotate_at or file.live * 2 > file.end:
+            return False
+        try:
+            self.current = SpillFile(self.directory)
+        except OSError as exc:
+            log.warning("could not start a new spill file in %s: %s", self.directory, exc)
+            return False
+        return True
