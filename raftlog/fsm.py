@@ -11,6 +11,9 @@ it just applied counts as toward the next snapshot (``NodeConfig.compaction_entr
 carries a thousand records should count as a thousand. And it may have a ``records()``
 method: how many records it holds; the host then also waits for that many times
 ``NodeConfig.compaction_share`` before a snapshot, since each one packs the whole state.
+And it may have an ``idle()`` method, called on the raft thread at every tick, between
+applies, for housekeeping that changes how the state is kept, never what it holds (the
+scheduler moves cold run history out of memory there); it must return quickly.
 """
 
 from __future__ import annotations

@@ -221,6 +221,8 @@ class RaftNode:
             )
         self.config = config
         self._fsm = fsm
+        self._fsm_idle = getattr(fsm, "idle", None)
+        self._idle_failed = False
         self._on_applied = on_applied
         self._on_restored = on_restored
         self._on_role = on_role
@@ -484,6 +486,16 @@ class RaftNode:
         node = host._getLeader()
         return None if node is None else str(node.id)
 
+    def _idle(self) -> None:
+        """The state machine's ``idle`` (see ``raftlog.fsm``), never raising into pysyncobj."""
+        if self._fsm_idle is None or self._idle_failed:
+            return
+        try:
+            self._fsm_idle()
+        except Exception:  # noqa: BLE001 - housekeeping; raft goes on without it
+            self._idle_failed = True
+            log.exception("the state machine's idle work failed; it is not called again until a restart")
+
     def _on_tick(self) -> None:
         """Runs on the raft thread: the only place pysyncobj's dicts are read safely."""
         host = self._host
@@ -497,6 +509,7 @@ class RaftNode:
             name_os_thread(RAFT_THREAD_NAME)
             self._pacer = self._make_pacer(host)
         self._pacer.on_tick()
+        self._idle()
         self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it

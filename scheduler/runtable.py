@@ -398,8 +398,8 @@ class RunTable:
         return (0, 0) if spiller is None else (spiller.values, spiller.bytes)
 
     def tick(self) -> None:
-        """Called by the state after each applied entry (the raft thread): a slice of the sweep
-        at most every ``SWEEP_EVERY`` seconds."""
+        """Called on the raft thread at each of its ticks, between applies (``State.idle``): a
+        slice of the sweep at most every ``SWEEP_EVERY`` seconds."""
         if self._spiller is not None:
             now = self._now = time.monotonic()
             if now - self._swept >= SWEEP_EVERY:

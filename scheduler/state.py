@@ -141,12 +141,16 @@ class State(Store):
             log.exception("apply of %s at %d failed", cmd.TAG, ctx.index)
             result = Rejected("internal", f"{type(exc).__name__}: {exc}")
         self.applied_index = ctx.index
-        self.runs.tick()  # moves cold run history out of memory, where the agent keeps it so
         if isinstance(result, Rejected):
             return result
         if cmd.at_us >= self.history_sweep_us and self.aged_jobs():
             self._sweep_history(cmd.at_us)
         return Applied(cmd, ctx.index, result)
+
+    def idle(self) -> None:
+        """Each raft tick, between applies (``raftlog.fsm``): cold run history out of memory,
+        where the agent keeps it so (``RunTable.tick``). What the state holds does not change."""
+        self.runs.tick()
 
     def _sweep_history(self, now_us: int) -> None:
         """At most once a minute of the entries' own time, on every replica at the same entry:
