@@ -16,7 +16,11 @@ Each form is measured in a process of its own, so its RSS is its own:
 - a restore into a fresh process: seconds, and the RSS after it; then one more round applied to
   the restored state (``round_after_restore_s``: what replaying a journal after a restart costs,
   against ``round_full_s`` on the state that applied everything);
-- reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds.
+- reading one job's 10 newest runs (what ``GET /v1/jobs/{name}/runs`` reads), microseconds;
+- then every job's history moved out of memory into a scratch file (``scheduler.spill``, as an
+  agent's sweep moves a job's once it has not changed for a few seconds) and the heap trimmed:
+  RSS then (``rss_cold_mb``) and the bytes per record (``bytes_per_record_cold``), the file's
+  megabytes, and one more round with each job's value read back at its claim (``round_cold_s``).
 
 Each process sets the collector as an agent does (``raftlog.heap``: its thresholds, and a freeze
 after a slow full collection), and restores as an agent's raft node does (``quiet_restore``),
@@ -226,14 +230,42 @@ def child(jobs: int, keep: int, restore_from: str | None, snapshots: bool = Fals
     pack_s = time.perf_counter() - t0
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"history-snapshot-{os.getpid()}.bin"
     path.write_bytes(data)
+    snapshot_bytes = len(data)
+    del data
+    cold = _cold(s, apply, names, keep + 2, records, rss_jobs)
     return {
         "records": records, "rss_jobs_mb": rss_jobs, "rss_runs_mb": rss_runs,
         "bytes_per_record": (rss_runs - rss_jobs) * 1024 * 1024 / max(records, 1),
-        "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": len(data), "snapshot_pack_s": pack_s,
+        "round_s": statistics.median(round_s), "round_full_s": round_full, "snapshot_bytes": snapshot_bytes, "snapshot_pack_s": pack_s,
         "snapshot_capture_ms": statistics.median(captures) * 1000,
         "read_10_us": statistics.median(reads) * 1e6, "snapshot_path": str(path),
-        "snapshots_taken": taken, "snapshots_packed_bytes": packed, "agent_heap": agent_heap,
+        "snapshots_taken": taken, "snapshots_packed_bytes": packed, "agent_heap": agent_heap, **cold,
     }
+
+
+def _cold(s: Any, apply: Callable[[Any], Any], names: list[str], k: int, records: int, rss_jobs: float) -> dict[str, Any]:
+    """Every job's history moved out of memory, as an agent's sweep moves a job's once it has
+    not changed for a few seconds (``scheduler.spill``), the heap trimmed as after a compaction:
+    RSS then and the bytes per record; then one more round, each job's value read back from the
+    file at its claim (``round_cold_s``). None for a tree without it."""
+    import tempfile
+
+    try:
+        from raftlog.heap import release_free_memory
+        from scheduler.spill import Spiller
+    except ImportError:
+        return {"rss_cold_mb": None, "bytes_per_record_cold": None, "round_cold_s": None}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
+        s.runs.spill_to(Spiller(Path(scratch)))
+        s.runs.sweep(len(names) + 1, everything=True)  # a spiller just set: one round over every job
+        spilled_mb = s.runs.spilled()[1] / 1024 / 1024
+        gc.collect()
+        release_free_memory()
+        rss_cold = rss_mb()
+        round_cold = _round(apply, names, k)
+        s.runs.spill_to(None)
+        return {"rss_cold_mb": rss_cold, "bytes_per_record_cold": (rss_cold - rss_jobs) * 1024 * 1024 / max(records, 1),
+                "round_cold_s": round_cold, "spilled_mb": spilled_mb}
 
 
 def _round(apply: Callable[[Any], Any], names: list[str], k: int) -> float:

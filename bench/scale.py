@@ -193,6 +193,10 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
            if rss.get(k) is not None and before is not None and held.get(k)]
     out["bytes_per_record"] = median_of(per)
     out["handoff_peak"] = {n.name: metric_total(n.url, "raftcron_loop_handoff_peak") for n in cluster.nodes}
+    # The run history kept out of memory then (none with --runs-in-memory, or before that option).
+    out["spilled_jobs"] = {n.name: metric_total(n.url, "raftcron_runs_spilled_jobs") for n in cluster.nodes}
+    out["spilled_mb"] = {n.name: (metric_total(n.url, "raftcron_runs_spilled_bytes") or 0) / 1024 / 1024
+                         for n in cluster.nodes}
     return out
 
 
@@ -420,6 +424,8 @@ def main() -> None:
     p.add_argument("--writes", type=int, default=3000, help="single PUTs per write-rate measure (default 3,000)")
     p.add_argument("--inflight", type=int, default=64, help="PUTs in flight (default 64)")
     p.add_argument("--no-fsync", action="store_true", help="agents with --no-fsync")
+    p.add_argument("--agent-arg", action="append", default=[], metavar="FLAGS",
+                   help="more agent flags, e.g. --agent-arg --runs-in-memory (repeatable)")
     p.add_argument("--history", type=int, default=0, metavar="K",
                    help="then fill K run records a job (once a minute each) before the restart (default 0: none)")
     p.add_argument("--profile-restart", type=float, default=0.0, metavar="S",
@@ -436,7 +442,8 @@ def main() -> None:
     doc: dict[str, Any] = {"benchmark": "scale", "machine": machine(), "params": vars(a), "runs": []}
     t_start = time.monotonic()
     for r in range(a.repeat):
-        with fresh_cluster("scale", ["--no-fsync"] if a.no_fsync else [], keep=a.keep) as cluster:
+        flags = [*(["--no-fsync"] if a.no_fsync else []), *(x for arg in a.agent_arg for x in arg.split())]
+        with fresh_cluster("scale", flags, keep=a.keep) as cluster:
             res = measure(cluster, a, r)
         doc["runs"].append(res)
         rs = res["restart"]
