@@ -22,7 +22,12 @@ On a fresh 3-node cluster (fsync on unless ``--no-fsync``), per repetition:
    cluster at work with its history;
 5. kill -9 of all three, start all three: seconds to the first committed write, and to the
    leader knowing every job's next slot (``raftcron_leader_unplanned_jobs`` reaching 0), the
-   RSS after the restart, and the snapshot and journal bytes each node restarted from.
+   RSS after the restart, and the snapshot and journal bytes each node restarted from; with
+   ``--history``, 60 s later (the jobs still firing once a minute) each agent's RSS again and the
+   run history it keeps out of memory by then (``history.settled``).
+
+Step 4 also reports the run history each node keeps out of memory (``spilled_jobs``,
+``spilled_mb``: none with ``--agent-arg --runs-in-memory``).
 
 RSS is reported whole and split into anonymous and file-backed pages (the mapped raft journal).
 ``--profile-restart S`` samples each agent with py-spy for S seconds from its restart (the JSON
@@ -198,6 +203,22 @@ def fill_history(cluster: Cluster, a: argparse.Namespace, base: str, sink: str,
     out["spilled_mb"] = {n.name: (metric_total(n.url, "raftcron_runs_spilled_bytes") or 0) / 1024 / 1024
                          for n in cluster.nodes}
     return out
+
+
+SETTLE_S = 60.0
+
+
+def settled(cluster: Cluster) -> dict[str, Any]:
+    """``SETTLE_S`` after the restart's every next slot known (the jobs still firing once a
+    minute): RSS per node, and the run history each keeps out of memory by then. A measure over
+    a fixed span, the same with ``--runs-in-memory``, not a wait for a condition."""
+    time.sleep(SETTLE_S)
+    return {"after_s": SETTLE_S,
+            "rss_mb": {n.name: rss_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None},
+            "rss_parts_mb": {n.name: rss_parts_mb(n.proc.pid) for n in cluster.nodes if n.proc is not None},
+            "spilled_jobs": {n.name: metric_total(n.url, "raftcron_runs_spilled_jobs") for n in cluster.nodes},
+            "spilled_mb": {n.name: (metric_total(n.url, "raftcron_runs_spilled_bytes") or 0) / 1024 / 1024
+                           for n in cluster.nodes}}
 
 
 def _spy(name: str, pid: int, seconds: float, what: str, lines: bool = True) -> tuple[str, float, subprocess.Popen[bytes]]:
@@ -410,6 +431,7 @@ def measure(cluster: Cluster, a: argparse.Namespace, r: int) -> dict[str, Any]:
         if a.history:
             out["history"]["records_after_restart"] = {n.name: metric_total(n.url, "raftcron_ledger_runs")
                                                        for n in cluster.nodes}
+            out["history"]["settled"] = settled(cluster)
     finally:
         if farm is not None:
             farm.stop()

@@ -380,6 +380,7 @@ class RunTable:
         self._sweep_names: list[str] = []
         self._sweep_at = 0
         self._swept = 0.0
+        self.moved_out = 0  # bytes of values moved out of memory since the owner last cleared it (``State.idle``)
 
     # ---- values kept out of memory (scheduler.spill) ---------------------------
 
@@ -452,6 +453,8 @@ class RunTable:
                 held[job] = ref
                 if type(was) is Spilled:
                     spiller.released(was)
+                else:
+                    self.moved_out += ref.size
             else:
                 spiller.released(ref)
         return len(refs)

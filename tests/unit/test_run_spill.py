@@ -227,3 +227,25 @@ def test_a_spilled_value_frees_its_memory(tmp_path: Path) -> None:
     assert count == len(names) and size == held
     # Each value's bytes left memory; a ``Spilled`` (and its ints) took its place.
     assert freed > held - count * 160, (freed, held)
+
+
+def test_idle_trims_the_heap_once_enough_history_left_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import scheduler.state as state_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(state_module, "release_free_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(state_module, "TRIM_AFTER", 4096)
+    s = State()
+    s.runs.spill_to(Spiller(tmp_path))
+    names = [f"job-{i:03d}" for i in range(60)]
+    _apply_rounds(s, names, 4, keep=10, sweep=False)
+    s.runs._recent = dict.fromkeys(s.runs._recent, time.monotonic() + 3600)  # made "later": none cold yet
+    s.idle()
+    assert trims == [] and s.runs.spilled() == (0, 0)
+    s.runs._recent.clear()  # as if COLD_AFTER had passed
+    s.runs._swept = 0.0
+    s.idle()
+    assert s.runs.spilled()[1] >= 4096 and trims == [1] and s.runs.moved_out == 0
+    s.runs._swept = 0.0
+    s.idle()
+    assert trims == [1]  # nothing more moved: no second trim
