@@ -253,7 +253,7 @@ class Agent:
         self.runtime = runtime
         _private_dir(c.data_dir)
         if not c.runs_in_memory:
-            self.state.runs.spill_to(Spiller(c.data_dir))
+            self.state.runs.spill_to(Spiller(c.data_dir, min_free=c.min_free))
         node = RaftNode(
             NodeConfig(raft_addr=c.raft_addr, peers=c.peers, data_dir=c.data_dir, secret=c.secret, fsync=c.fsync,
                        compaction_entries=c.compaction_entries, min_free=c.min_free, applies=APPLIES),

@@ -263,7 +263,6 @@ def _cold(s: Any, apply: Callable[[Any], Any], names: list[str], k: int, records
         release_free_memory()
         rss_cold = rss_mb()
         round_cold = _round(apply, names, k)
-        s.runs.spill_to(None)
         return {"rss_cold_mb": rss_cold, "bytes_per_record_cold": (rss_cold - rss_jobs) * 1024 * 1024 / max(records, 1),
                 "round_cold_s": round_cold, "spilled_mb": spilled_mb}
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["ApplyContext", "StateMachine"]
+__all__ = ["ApplyContext", "LocalStateLost", "StateMachine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +39,21 @@ class ApplyContext:
     replay: bool = False
 
 
+class LocalStateLost(Exception):
+    """Raised by ``apply`` when part of the state this node kept locally (outside the snapshot
+    and the journal: a scratch file it moved cold records to) cannot be read back. Applying on
+    without it would part this replica from the others, so the host stops taking part in raft
+    (as after a snapshot it could not restore); a restart rebuilds the state from the snapshot
+    and the journal."""
+
+
 class StateMachine(Protocol):
     def apply(self, command: bytes, ctx: ApplyContext) -> Any:
-        """Apply one committed command; deterministic, and never raises.
+        """Apply one committed command; deterministic, and never raises but ``LocalStateLost``.
 
         A malformed or refused command returns a rejection value, the same on
-        every replica. Reads no clock, random source, environment or file.
+        every replica. Reads no clock, random source or environment, and no file but what
+        this node wrote of its own state (read back whole, or ``LocalStateLost``).
         """
         ...
 

@@ -51,7 +51,7 @@ from pysyncobj.config import FAIL_REASON
 
 from .clock import ClockEstimate, ClockSync, TimeSource, raft_clock, relative_to
 from .codec import CodecError
-from .fsm import ApplyContext, StateMachine
+from .fsm import ApplyContext, LocalStateLost, StateMachine
 from .heap import quiet_restore
 from .host import _Host
 from .journal import _DurableJournal, align_to_snapshot, journal_factory
@@ -369,6 +369,12 @@ class RaftNode:
         ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
         try:
             result = self._fsm.apply(payload, ctx)
+        except LocalStateLost as exc:
+            # Not a rejection: the other replicas applied this entry. This one sits raft out
+            # from here on (_Host), as after a snapshot it could not restore.
+            self._restore_failed = exc
+            self._restore_refused()
+            return None
         except Exception:  # noqa: BLE001 - a raise here would wedge the whole cluster
             log.exception("state machine raised on entry %d; recorded as rejected", index)
             result = None
@@ -492,6 +498,9 @@ class RaftNode:
             return
         try:
             self._fsm_idle()
+        except LocalStateLost as exc:  # as from apply: this replica's state can no longer be trusted
+            self._restore_failed = exc
+            self._restore_refused()
         except Exception:  # noqa: BLE001 - housekeeping; raft goes on without it
             self._idle_failed = True
             log.exception("the state machine's idle work failed; it is not called again until a restart")
@@ -509,10 +518,12 @@ class RaftNode:
             name_os_thread(RAFT_THREAD_NAME)
             self._pacer = self._make_pacer(host)
         self._pacer.on_tick()
-        self._idle()
         self._contact = _contact_at(host, self._pacer)
         if self._journal is not None:
             self._journal.sync()  # what this tick appended as leader, before the next tick counts it
+        self._idle()  # after the sync: the leader's commit does not wait for it
+        if self._restore_failed is not None:  # lost local state (LocalStateLost): the status says so now
+            return
         self._excuse_own_stall(host)
         self._keepalive(host)
         self._step_down_when_full(host)
@@ -621,6 +632,12 @@ class RaftNode:
                     raft_addr=self.config.raft_addr, state="refused", leader=None, term=0, commit_index=0,
                     applied_index=0, has_quorum=False, raft_thread_alive=True)
                 self._cached = replace(cached, state="refused", leader=None, has_quorum=False, caught_up=False)
+            if isinstance(self._restore_failed, LocalStateLost):
+                log.critical("the state machine lost state it kept on this node (%s): applying on without it "
+                             "would part this replica from its peers, so this node takes no part in raft; restart "
+                             "it (the state is rebuilt from the snapshot and journal in %s)",
+                             self._restore_failed, self.config.data_dir)
+                return
             log.critical("the state machine could not restore the snapshot in %s (%s): running on the journal "
                          "alone would drop the snapshot's state, so this node takes no part in raft; start the "
                          "release that wrote the snapshot, or empty the data directory so the node rejoins from "

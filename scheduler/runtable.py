@@ -23,7 +23,6 @@ never sees one under another token.
 from __future__ import annotations
 
 import bisect
-import logging
 import re
 import sys
 import time
@@ -38,8 +37,6 @@ import msgpack
 
 from .runs import HELD, RUN_STATUSES, RunRecord, TriggerName
 from .spill import Spilled, Spiller
-
-_log = logging.getLogger("raftcron.runs")
 
 __all__ = ["Captured", "JobRuns", "RunTable", "Slices", "run_id_of", "token_of_id"]
 
@@ -82,7 +79,7 @@ def _ref(rid: Any) -> Any:
 SWEEP_EVERY = 0.1
 """Seconds between two slices of the sweep that moves cold values out of memory (``RunTable.tick``)."""
 SWEEP_JOBS = 2500
-"""Jobs a slice of that sweep looks at: 100,000 jobs are met once every ~4 s of applying."""
+"""Jobs a slice of that sweep looks at: 100,000 jobs are met once every ~4 s."""
 COLD_AFTER = 5.0
 """Seconds a job's value stays in memory after it was last made: the claim, start and result of
 one slot come within them, and a job firing every few seconds is never moved out at all."""
@@ -405,11 +402,7 @@ class RunTable:
             now = self._now = time.monotonic()
             if now - self._swept >= SWEEP_EVERY:
                 self._swept = now
-                try:
-                    self.sweep(SWEEP_JOBS)
-                except OSError as exc:  # a value could not be read back to move it: left where it is
-                    self._spiller.failed = True
-                    _log.warning("run history kept in memory from now on: moving it between spill files failed: %s", exc)
+                self.sweep(SWEEP_JOBS)  # a value it cannot read back to move raises LocalStateLost
 
     def sweep(self, jobs: int, everything: bool = False, now: float | None = None) -> int:
         """Go on with the sweep over the jobs by up to ``jobs`` of them: a value in memory that
@@ -434,6 +427,7 @@ class RunTable:
         for job in names:
             value = held.get(job)
             if value is None or value is _EMPTY:
+                recent.pop(job, None)
                 continue
             if type(value) is bytes:
                 made = recent.get(job)
@@ -691,13 +685,14 @@ class RunTable:
 
     def drop_job(self, job: str) -> list[str]:
         """Remove the job and all its records; their ids."""
-        value = self._jobs.pop(job, None)
+        value = self._jobs.get(job)
         if value is None:
             return []
+        blob = _bytes(value)  # read before anything changes: a read that fails leaves the table whole
+        del self._jobs[job]
         self._recent.pop(job, None)
         if type(value) is Spilled and self._spiller is not None:
             self._spiller.released(value)
-        blob = _bytes(value)
         n, tokens, lens, raw = _open(blob)
         at = _data_at(n)
         dropped: list[tuple[int, str | None]] = []

@@ -26,6 +26,8 @@ import os
 import threading
 from pathlib import Path
 
+from raftlog.fsm import LocalStateLost
+
 __all__ = ["SpillFile", "Spilled", "Spiller"]
 
 log = logging.getLogger("raftcron.runs")
@@ -35,13 +37,19 @@ class SpillFile:
     """One unnamed, append-only file. Appends come from one thread (the raft thread); reads from any."""
 
     def __init__(self, directory: Path) -> None:
+        self.fd = -1
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         try:
             self.fd = os.open(directory, flags | os.O_TMPFILE, 0o600)
         except (AttributeError, OSError):  # a file system without O_TMPFILE: a name unlinked at once
             path = directory / f".runs-spill-{os.getpid()}-{threading.get_ident()}-{id(self)}"
-            self.fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            os.unlink(path)
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.unlink(path)
+            except OSError:
+                os.close(fd)
+                raise
+            self.fd = fd
         self.end = 0  # bytes appended
         self.live = 0  # bytes of values still named by the table
 
@@ -57,9 +65,14 @@ class SpillFile:
         return at
 
     def read(self, at: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, at)
+        """The bytes appended at ``at``; ``LocalStateLost`` when they cannot be read back whole
+        (the table has no other copy of them)."""
+        try:
+            data = os.pread(self.fd, size, at)
+        except OSError as exc:
+            raise LocalStateLost(f"reading {size} bytes of run history back from its spill file failed: {exc}") from exc
         if len(data) != size:
-            raise OSError(f"the run history's spill file gave {len(data)} bytes where {size} were written")
+            raise LocalStateLost(f"the run history's spill file gave {len(data)} bytes where {size} were written")
         return data
 
     def close(self) -> None:
@@ -89,28 +102,39 @@ class Spiller:
 
     ``rotate_at``: a file is left once it holds more than this many bytes of which more than
     half are values no longer named (replaced or dropped); the values it still holds move to
-    the new file as the table's sweep meets them."""
+    the new file as the table's sweep meets them. ``min_free``: the free bytes the data
+    directory keeps (the agent's ``--min-free``, which its journal needs): nothing is appended
+    that would leave less, and the values stay in memory meanwhile."""
 
-    def __init__(self, directory: Path, rotate_at: int = 64 << 20) -> None:
+    def __init__(self, directory: Path, rotate_at: int = 64 << 20, min_free: int = 0) -> None:
         self.directory = directory
         self.rotate_at = rotate_at
+        self.min_free = min_free
         self.current = SpillFile(directory)
-        self.failed = False  # an append failed (a full disk): values stay in memory from then on
+        self.failed = False  # an append failed: values stay in memory from then on
+        self.short = False  # the last append was held back by min_free (logged once each time it starts)
         self.values = 0  # values the table keeps here now, in any of its files
         self.bytes = 0  # and their bytes
 
     def like(self) -> Spiller:
         """A spiller of its own (a new file) with the same settings: for a table made afresh."""
-        return Spiller(self.directory, self.rotate_at)
+        return Spiller(self.directory, self.rotate_at, self.min_free)
 
     def store(self, values: list[tuple[bytes, int]]) -> list[Spilled] | None:
         """Append each (value, count) and answer where each lies; None, having kept nothing,
         when the file cannot be written (logged once; spilling stops)."""
         if self.failed or not values:
             return None
+        data = b"".join(v for v, _ in values)
+        if self.min_free and self._free() - len(data) < self.min_free:
+            if not self.short:
+                log.warning("run history kept in memory while %s has under %d bytes free", self.directory, self.min_free)
+            self.short = True
+            return None
+        self.short = False
         file = self.current
         try:
-            at = file.append(b"".join(v for v, _ in values))
+            at = file.append(data)
         except OSError as exc:
             self.failed = True
             log.warning("run history kept in memory from now on: writing its spill file in %s failed: %s",
@@ -123,6 +147,13 @@ class Spiller:
         self.values += len(out)
         self.bytes += file.end - out[0].at
         return out
+
+    def _free(self) -> int:
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return 0
+        return st.f_bavail * st.f_frsize
 
     def released(self, ref: Spilled) -> None:
         """``ref``'s value is no longer named by the table."""

@@ -23,7 +23,7 @@ import msgpack
 from msgpack import ExtType
 
 from raftlog.codec import CodecError, pack
-from raftlog.fsm import ApplyContext
+from raftlog.fsm import ApplyContext, LocalStateLost
 from raftlog.heap import release_free_memory
 
 from . import alerts, ledger
@@ -141,6 +141,8 @@ class State(Store):
         self.entry_weight = cmd.weight  # toward the next snapshot (raftlog.fsm)
         try:
             result = self._dispatch(cmd, ctx.index)
+        except LocalStateLost:
+            raise  # not the same on all replicas: the host takes this node out of raft (raftlog.fsm)
         except Exception as exc:  # noqa: BLE001 - a bug must not wedge the cluster; same on all replicas
             log.exception("apply of %s at %d failed", cmd.TAG, ctx.index)
             result = Rejected("internal", f"{type(exc).__name__}: {exc}")
@@ -170,6 +172,8 @@ class State(Store):
         for name, max_age_us in self.aged_jobs().items():
             try:
                 ledger.expire_history(self, name, now_us - max_age_us)
+            except LocalStateLost:
+                raise  # this replica alone: the host takes it out of raft
             except Exception:  # noqa: BLE001 - same on all replicas; one job's records must not stop the sweep
                 log.exception("expiring the history of %s failed", name)
 
@@ -566,7 +570,10 @@ class State(Store):
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
             raise CodecError(f"state snapshot is malformed: {type(exc).__name__}: {exc}") from exc
         if self.runs.spiller is not None:  # a file of its own: the old table's is dropped with it
-            fresh.runs.spill_to(self.runs.spiller.like())
+            try:
+                fresh.runs.spill_to(self.runs.spiller.like())
+            except OSError as exc:  # no descriptor or no room for a new file: the history stays in memory
+                log.warning("run history kept in memory: no new spill file in %s: %s", self.runs.spiller.directory, exc)
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 
 

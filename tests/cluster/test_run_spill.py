@@ -1,7 +1,7 @@
 """Run history kept out of memory in real agents: once a job's runs have not changed for a few
 seconds, every node keeps them in its unnamed scratch file (``scheduler.spill``), reads them back
 through the API as they were, leaves no file by name in its data directory, and after kill -9
-of every node restores them from the raft snapshot and journal, never from that file."""
+of every node has them back (from the raft snapshot and journal: the file went with the process)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_a_jobs_cold_history_is_kept_out_of_memory_and_read_back_whole(make_clus
         whole = [leader.get(f"/v1/runs/{r['id']}") for r in expected]  # with their outputs
         assert len(whole) == RUNS and all(r["output"] for r in whole)
         for n in c.nodes:
-            # Unchanged for COLD_AFTER (5 s), then met by the sweep (each 0.1 s of applying; the
-            # leader's keepalives and clock notes are applied every few seconds even when idle).
+            # Unchanged for COLD_AFTER (5 s), then met by the sweep (a slice each 0.1 s of the
+            # raft thread's ticks, whether or not anything is applied).
             wait_for(f"the job's history out of memory on {n.name}",
                      lambda n=n: _gauge(n, "raftcron_runs_spilled_jobs") >= 1, 90, interval=0.5)
             assert _gauge(n, "raftcron_runs_spilled_bytes") > 0

@@ -16,8 +16,9 @@ from typing import Any, cast
 
 import pytest
 
-from raftlog.fsm import ApplyContext
+from raftlog.fsm import ApplyContext, LocalStateLost
 from scheduler import runtable
+from scheduler import spill as spill_module
 from scheduler.commands import Claim, ClaimSlots, FinishRuns, PutJobs, RegisterNode, StartRuns, encode_command
 from scheduler.runs import RUN_STATUSES, RunRecord
 from scheduler.runtable import _EMPTY, RunTable, _bytes
@@ -249,3 +250,66 @@ def test_idle_trims_the_heap_once_enough_history_left_memory(tmp_path: Path, mon
     s.runs._swept = 0.0
     s.idle()
     assert trims == [1]  # nothing more moved: no second trim
+
+
+def _eio(*args: Any) -> bytes:
+    raise OSError(errno.EIO, "Input/output error")
+
+
+def test_a_value_that_cannot_be_read_back_is_lost_state_not_a_rejection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = State()
+    s.runs.spill_to(Spiller(tmp_path))
+    names = [f"job-{i:03d}" for i in range(5)]
+    at = _apply_rounds(s, names, 3)
+    assert len(_spilled_jobs(s.runs)) == len(names)
+    monkeypatch.setattr(spill_module.os, "pread", _eio)
+    with pytest.raises(LocalStateLost):  # the others apply it: this replica must not answer Rejected
+        _apply_rounds(s, names, 1, index=at)
+
+
+def test_a_drop_whose_read_fails_leaves_the_table_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = State()
+    spiller = Spiller(tmp_path)
+    s.runs.spill_to(spiller)
+    names = [f"job-{i:03d}" for i in range(5)]
+    _apply_rounds(s, names, 3)
+    before = (len(s.runs), s.runs.ids_of("job-002"), spiller.values, spiller.bytes)
+    with monkeypatch.context() as m:
+        m.setattr(spill_module.os, "pread", _eio)
+        with pytest.raises(LocalStateLost):
+            s.runs.drop_job("job-002")
+    assert (len(s.runs), s.runs.ids_of("job-002"), spiller.values, spiller.bytes) == before
+    assert s.runs.drop_job("job-002") and s.runs.ids_of("job-002") is None
+
+
+def test_a_restore_without_a_new_spill_file_keeps_the_history_in_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    names = [f"job-{i:03d}" for i in range(5)]
+    plain = State()
+    _apply_rounds(plain, names, 3)
+    s = State()
+    s.runs.spill_to(Spiller(tmp_path))
+
+    def no_descriptor(self: Spiller) -> Spiller:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(Spiller, "like", no_descriptor)
+    s.restore(plain.snapshot_bytes())  # restored, not refused
+    assert s.runs.spiller is None and s.runs == plain.runs
+    assert "run history kept in memory: no new spill file" in caplog.text
+
+
+def test_nothing_is_spilled_that_would_leave_the_disk_under_its_floor(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    spiller = Spiller(tmp_path, min_free=free + (1 << 30))
+    s = State()
+    s.runs.spill_to(spiller)
+    names = [f"job-{i:03d}" for i in range(5)]
+    _apply_rounds(s, names, 3)
+    assert _spilled_jobs(s.runs) == [] and not spiller.failed and spiller.short  # held back, not given up
+    assert caplog.text.count("kept in memory while") == 1  # once, however many sweeps
+    spiller.min_free = 0  # room again: the next sweep moves them
+    s.runs.sweep(len(names), everything=True)
+    assert len(_spilled_jobs(s.runs)) == len(names) and not spiller.short
