@@ -345,3 +345,23 @@ def test_a_full_file_is_left_for_a_larger_one(tmp_path: Path, monkeypatch: pytes
     assert spiller.current.capacity >= 2 * 6000  # room for what is kept, twice
     assert (first[0].read(), second[0].read()) == (b"x" * 3000, b"y" * 3000)
     assert (spiller.values, spiller.bytes) == (2, 6000)
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_each_slice_of_the_sweep_gives_back_the_pages_reads_touched(tmp_path: Path) -> None:
+    spiller = Spiller(tmp_path)
+    refs = spiller.store([(bytes([i % 251]) * 1024, 1) for i in range(20_000)])  # 20 MB
+    assert refs is not None
+    table = RunTable()
+    table.spill_to(spiller)
+    table.sweep(1)
+    before = _rss_file_kb()
+    assert all(r.read()[0] == i % 251 for i, r in enumerate(refs))
+    touched = _rss_file_kb()
+    assert touched - before > 15_000  # the pages the reads mapped in, counted as this process's
+    table.sweep(1)  # no job to move: the slice gives the pages back all the same
+    assert touched - _rss_file_kb() > 15_000
