@@ -369,11 +369,8 @@ class RaftNode:
         ctx = ApplyContext(index=index, replay=index <= self._replay_upto)
         try:
             result = self._fsm.apply(payload, ctx)
-        except LocalStateLost as exc:
-            # Not a rejection: the other replicas applied this entry. This one sits raft out
-            # from here on (_Host), as after a snapshot it could not restore.
-            self._restore_failed = exc
-            self._restore_refused()
+        except LocalStateLost as exc:  # not a rejection: the other replicas applied this entry
+            self._lost(exc)
             return None
         except Exception:  # noqa: BLE001 - a raise here would wedge the whole cluster
             log.exception("state machine raised on entry %d; recorded as rejected", index)
@@ -492,15 +489,20 @@ class RaftNode:
         node = host._getLeader()
         return None if node is None else str(node.id)
 
+    def _lost(self, exc: LocalStateLost) -> None:
+        """The state machine lost state it kept locally: this replica can no longer be trusted
+        and sits raft out from here on (_Host), as after a snapshot it could not restore."""
+        self._restore_failed = exc
+        self._restore_refused()
+
     def _idle(self) -> None:
         """The state machine's ``idle`` (see ``raftlog.fsm``), never raising into pysyncobj."""
         if self._fsm_idle is None or self._idle_failed:
             return
         try:
             self._fsm_idle()
-        except LocalStateLost as exc:  # as from apply: this replica's state can no longer be trusted
-            self._restore_failed = exc
-            self._restore_refused()
+        except LocalStateLost as exc:
+            self._lost(exc)
         except Exception:  # noqa: BLE001 - housekeeping; raft goes on without it
             self._idle_failed = True
             log.exception("the state machine's idle work failed; it is not called again until a restart")

@@ -457,7 +457,7 @@ class RunTable:
     def _held(self, job: str) -> bytes | None:
         """The job's value as bytes (read back when it is kept out of memory), None for a job not held."""
         value = self._jobs.get(job)
-        return value if value is None or type(value) is bytes else cast(Spilled, value).read()
+        return None if value is None else _bytes(value)
 
     def _set(self, job: str, blob: bytes) -> None:
         """The job's value made anew (the raft thread)."""

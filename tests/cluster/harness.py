@@ -211,6 +211,14 @@ class Node:
         assert status == 200, f"GET {path} on {self.name}: {status} {body}"
         return body
 
+    def metric(self, family: str) -> float:
+        """The sum of a family's series on this node's ``/metrics`` (a family without labels:
+        its one value)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((family + "{", family + " ")))
+
     def set_clock_offset(self, seconds: float) -> None:
         """Set this agent's wall clock to ours plus ``seconds`` (it holds within about a second)."""
         assert self.clock_file is not None, f"{self.name} was not started under libfaketime"
@@ -265,6 +273,13 @@ class Cluster:
         for n in self.nodes:
             n.start()
         return self
+
+    def kill9_and_start_all(self) -> None:
+        """Every node killed (SIGKILL), then every node started again."""
+        for n in self.nodes:
+            n.kill9()
+        for n in self.nodes:
+            n.start()
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -77,10 +77,7 @@ def test_kill9_all_and_restart_keeps_every_acknowledged_write(make_cluster, comp
     if compaction:
         wait_for("a snapshot on every node", lambda: all(n.get("/v1/cluster")["last_snapshot_index"] > 0 for n in c.nodes), 20)
         assert all((n.data_dir / "raft.dump").exists() for n in c.nodes)
-    for n in c.nodes:
-        n.kill9()
-    for n in c.nodes:
-        n.start()
+    c.kill9_and_start_all()
     c.leader(timeout=30)
     for n in c.nodes:
         wait_for(f"every acknowledged job on {n.name} after restart", lambda n=n: acked <= _names(n), 30)

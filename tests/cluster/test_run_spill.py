@@ -6,18 +6,11 @@ of every node has them back (from the raft snapshot and journal: the file went w
 from __future__ import annotations
 
 import os
-import urllib.request
 from typing import Any
 
 from .harness import Cluster, Node, Sink, http, job_doc, wait_for
 
 RUNS = 8
-
-
-def _gauge(node: Node, name: str) -> float:
-    with urllib.request.urlopen(node.url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def _runs(node: Node, job: str) -> list[dict[str, Any]]:
@@ -46,15 +39,12 @@ def test_a_jobs_cold_history_is_kept_out_of_memory_and_read_back_whole(make_clus
             # Unchanged for COLD_AFTER (5 s), then met by the sweep (a slice each 0.1 s of the
             # raft thread's ticks, whether or not anything is applied).
             wait_for(f"the job's history out of memory on {n.name}",
-                     lambda n=n: _gauge(n, "raftcron_runs_spilled_jobs") >= 1, 90, interval=0.5)
-            assert _gauge(n, "raftcron_runs_spilled_bytes") > 0
+                     lambda n=n: n.metric("raftcron_runs_spilled_jobs") >= 1, 90, interval=0.5)
+            assert n.metric("raftcron_runs_spilled_bytes") > 0
             assert _runs(n, "cold") == expected  # read back from the file, as they were
             assert [n.get(f"/v1/runs/{r['id']}") for r in expected] == whole
             assert not [f for f in os.listdir(n.data_dir) if "spill" in f]  # unnamed: nothing to leave behind
-        for n in c.nodes:
-            n.kill9()
-        for n in c.nodes:
-            n.start()
+        c.kill9_and_start_all()
         c.leader(timeout=60)
         for n in c.nodes:
             wait_for(f"the history back on {n.name}", lambda n=n: _runs(n, "cold") == expected, 60)

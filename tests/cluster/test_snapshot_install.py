@@ -15,7 +15,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,9 +50,7 @@ def _load(leader: Node) -> None:
 
 
 def _jobs_held(node: Node) -> int:
-    with urllib.request.urlopen(node.url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("raftcron_jobs{")))
+    return int(node.metric("raftcron_jobs"))
 
 
 class _Prober:
