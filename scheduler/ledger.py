@@ -41,7 +41,7 @@ from .commands import (
     StartRuns,
 )
 from .model import Policy, stored_depends_on
-from .planner import stored_next_slot, walk_from_us
+from .planner import PLAN_EPOCH, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .runtable import run_id_of
 from .sections import Delivery, DependsOn, DependsOnCondition
@@ -150,6 +150,7 @@ def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:
     when the leader's was), at the version it planned, and its walk now starts where the
     leader's ended; anything else the leader planned against no longer holds, and is dropped."""
     kept = 0
+    instants: dict[int | None, int | None] = {}  # each slot instant of this entry, one object
     for n in cmd.slots:
         name, version, created = n.get("job"), n.get("version"), n.get("created_us")
         walked, slot, epoch = n.get("from_us"), n.get("slot_us"), n.get("epoch")
@@ -158,9 +159,15 @@ def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:
         if type(version) is not int or type(created) is not int or type(walked) is not int \
                 or not (slot is None or type(slot) is int):
             continue
-        if rec["version"] != version or rec["created_us"] != created or walk_from_us(rec) != walked:
+        walks_from = walk_from_us(rec)
+        if rec["version"] != version or rec["created_us"] != created or walks_from != walked:
             continue
-        record = stored_next_slot(n)
+        # The record kept holds equal values, but the objects the job's record already holds, one
+        # object per slot instant of the entry, and the planner's epoch: the item's own, decoded
+        # from the entry for each job, cost ~150 bytes a job (an epoch string and three instants
+        # past 2**30), kept as long as the job is.
+        record = [PLAN_EPOCH if epoch == PLAN_EPOCH else epoch, rec["version"], rec["created_us"], walks_from,
+                  instants.setdefault(slot, slot)]
         if rec.get("next_slot") != record:
             state.jobs[name] = {**rec, "next_slot": record}
             kept += 1

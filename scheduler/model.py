@@ -16,6 +16,7 @@ returns. ``parse_job`` is deterministic (the state machine calls it in apply).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -174,7 +175,9 @@ def parse_job(doc: object, *, name: str | None = None) -> Job:
     f = Fields.open(doc, "", _JOB_FIELDS, problems)
     if f is None:
         raise ValidationFailed(problems.items)
-    job_name = _parse_name(f, name)
+    # One string object per job name, whatever decoded it (a request, an entry, a snapshot): the
+    # store's key, its document's name and its parse share it rather than keep equal copies.
+    job_name = sys.intern(_parse_name(f, name))
     description = f.string("description", "", max_len=2048) or ""
     labels = _interned(dict(sorted(f.string_map("labels", check_key=check_label_key,
                                                  check_value=check_label_value).items())))

@@ -525,7 +525,7 @@ class State(Store):
                 elif name == "shared":
                     table.extend(items)  # before the first chunk that refers to them
                 elif name in maps:
-                    maps[name].update(items)
+                    maps[name].update(_one_name(items) if name == "jobs" else items)
                     if name == "jobs":
                         for job, _ in items:  # the table lists jobs in the order they were created
                             fresh.runs.add_job(job)
@@ -575,6 +575,22 @@ class State(Store):
             except OSError as exc:  # no descriptor or no room for a new file: the history stays in memory
                 log.warning("run history kept in memory: no new spill file in %s: %s", self.runs.spiller.directory, exc)
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
+
+
+def _one_name(items: list[Any]) -> list[Any]:
+    """A snapshot's (name, job record) pairs with each name one string object, interned as
+    ``parse_job`` interns it: a name decodes twice, as the key and as its document's ``name``,
+    and an edit's document brought a third (~60 bytes a job each, as long as the job lives).
+    Anything malformed is passed on as it is, for ``reindex`` to refuse."""
+    out = []
+    for job, rec in items:
+        if type(job) is str:
+            job = sys.intern(job)
+            spec = rec.get("spec") if type(rec) is dict else None
+            if type(spec) is dict and spec.get("name") == job:
+                spec["name"] = job  # a document of the fresh state, not yet read by anyone
+        out.append((job, rec))
+    return out
 
 
 class _SharedSections:
