@@ -61,20 +61,20 @@ def child(jobs: int, rounds: int, top: int) -> dict[str, Any]:
     """The stages in this process (the ``scheduler`` package on ``sys.path`` is the form measured)."""
     import tracemalloc
 
+    from history import T0 as HISTORY_T0
+    from history import _round as run_round  # bench/history.py beside this file: the same rounds
+
     from raftlog.fsm import ApplyContext
     from scheduler.commands import (
-        Claim,
-        ClaimSlots,
-        FinishRuns,
         NoteNextSlots,
         PutJobs,
         RegisterNode,
-        StartRuns,
         encode_command,
     )
     from scheduler.planner import next_slot_record, walk_from_us
     from scheduler.state import State
 
+    assert HISTORY_T0 == T0
     s = State()
     index = 0
 
@@ -100,18 +100,6 @@ def child(jobs: int, rounds: int, top: int) -> dict[str, Any]:
             apply(NoteNextSlots(at_us=slot_us - 5_000_000, leader="n1", term=term, slots=tuple(
                 next_slot_record(s.jobs[n], n, walk_from_us(s.jobs[n]), slot_us) for n in names[start:start + BATCH])))
 
-    def run(slot: int) -> None:
-        for start in range(0, jobs, BATCH):
-            part = names[start:start + BATCH]
-            out = apply(ClaimSlots(at_us=slot - 2_000_000, leader="n1", term=1, claims=tuple(
-                Claim(job=n, slot_us=slot, trigger="schedule", node="n1") for n in part)))
-            ids = tuple(r["id"] for r in out.result["runs"])
-            apply(StartRuns(at_us=slot + 1000, node="n1", runs=ids, started_us={r: slot + 1000 for r in ids},
-                            lease_until_us=slot + 30_000_000))
-            apply(FinishRuns(at_us=slot + 50_000, node="n1", results=tuple(
-                {"run_id": r, "status": "succeeded", "started_us": slot + 1000, "finished_us": slot + 50_000,
-                 "exit_code": None, "http_status": 200, "output": "", "error": None} for r in ids)))
-
     tracemalloc.start()
     apply(RegisterNode(at_us=T0, node_id="n1", raft_addr="127.0.0.1:1", http_addr="127.0.0.1:2"))
     base = _traced(tracemalloc, jobs, 0)["bytes_per_job"]
@@ -123,18 +111,20 @@ def child(jobs: int, rounds: int, top: int) -> dict[str, Any]:
     plan(1, T0 + MIN)
     stages["planned"] = _traced(tracemalloc, jobs, top)
     for k in range(1, rounds + 1):
-        run(T0 + k * MIN)
+        run_round(apply, names, k)  # slot k of every job claimed, started and finished
         plan(1, T0 + (k + 1) * MIN)
     stages["ran"] = _traced(tracemalloc, jobs, top)
+    for stage in stages.values():
+        stage["bytes_per_job"] = round(stage["bytes_per_job"] - base, 1)
     data = s.snapshot_bytes()
+    s = State()  # the applied state and its interned names gone, as in a process restarting
+    names.clear()
     tracemalloc.stop()
     tracemalloc.start()  # anew: only what the restore makes is traced
     fresh = State()
     fresh.restore(data)
     del data
     stages["restored"] = _traced(tracemalloc, jobs, top)
-    for stage in stages.values():
-        stage["bytes_per_job"] = round(stage["bytes_per_job"] - base, 1)
     return {"jobs": jobs, "rounds": rounds, "stages": stages}
 
 

@@ -175,9 +175,11 @@ def parse_job(doc: object, *, name: str | None = None) -> Job:
     f = Fields.open(doc, "", _JOB_FIELDS, problems)
     if f is None:
         raise ValidationFailed(problems.items)
-    # One string object per job name, whatever decoded it (a request, an entry, a snapshot): the
-    # store's key, its document's name and its parse share it rather than keep equal copies.
-    job_name = sys.intern(_parse_name(f, name))
+    job_name = _parse_name(f, name)
+    if not problems:  # a valid name (63 characters at most): never one a refused request made up
+        # One string object per job name, whatever decoded it (a request, an entry, a snapshot):
+        # the store's key, its document's name and its parse share it, not equal copies.
+        job_name = sys.intern(job_name)
     description = f.string("description", "", max_len=2048) or ""
     labels = _interned(dict(sorted(f.string_map("labels", check_key=check_label_key,
                                                  check_value=check_label_value).items())))

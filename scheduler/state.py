@@ -511,8 +511,7 @@ class State(Store):
                 raise CodecError("state snapshot holds a meta last_noop that is no map")
             sets: dict[str, dict[str, None]] = {"active": fresh.active, "dead": fresh.dead}
             maps: dict[str, dict[str, Any]] = {
-                "jobs": fresh.jobs, "nodes": fresh.nodes,
-                "pending_deps": fresh.pending_deps, "alerts": fresh.alerts,
+                "nodes": fresh.nodes, "pending_deps": fresh.pending_deps, "alerts": fresh.alerts,
                 "clocks": fresh.clocks,  # absent from snapshots older than the section
             }
             ended = False
@@ -524,11 +523,13 @@ class State(Store):
                     ended = True
                 elif name == "shared":
                     table.extend(items)  # before the first chunk that refers to them
+                elif name == "jobs":
+                    pairs = _restored_jobs(items)
+                    fresh.jobs.update(pairs)
+                    for job, _ in pairs:  # the table lists jobs in the order they were created
+                        fresh.runs.add_job(job)
                 elif name in maps:
-                    maps[name].update(_one_name(items) if name == "jobs" else items)
-                    if name == "jobs":
-                        for job, _ in items:  # the table lists jobs in the order they were created
-                            fresh.runs.add_job(job)
+                    maps[name].update(items)
                 elif name in ("runs", "runs_index"):
                     try:
                         if version < 3:
@@ -577,18 +578,28 @@ class State(Store):
         self.__dict__.update(fresh.__dict__)  # restore discards all previous state
 
 
-def _one_name(items: list[Any]) -> list[Any]:
-    """A snapshot's (name, job record) pairs with each name one string object, interned as
-    ``parse_job`` interns it: a name decodes twice, as the key and as its document's ``name``,
-    and an edit's document brought a third (~60 bytes a job each, as long as the job lives).
+def _restored_jobs(items: list[Any]) -> list[Any]:
+    """A snapshot's (name, job record) pairs as this release keeps them, records of the fresh
+    state not yet read by anyone:
+
+    - each name one string object, interned as ``parse_job`` interns it: a name decodes twice,
+      as the key and as its document's ``name``, and an edit's document brought a third (~60
+      bytes a job each, as long as the job lives);
+    - no ``failure_alerted`` of False: not alerted is the field's absence (``alerts.on_finished``),
+      and a record an earlier release wrote loses it here, so replicas of this release hold the
+      same records whether they restored such a snapshot or replayed the entries.
+
     Anything malformed is passed on as it is, for ``reindex`` to refuse."""
     out = []
     for job, rec in items:
         if type(job) is str:
             job = sys.intern(job)
-            spec = rec.get("spec") if type(rec) is dict else None
+        if type(rec) is dict:
+            spec = rec.get("spec")
             if type(spec) is dict and spec.get("name") == job:
-                spec["name"] = job  # a document of the fresh state, not yet read by anyone
+                spec["name"] = job
+            if rec.get("failure_alerted") is False:
+                del rec["failure_alerted"]
         out.append((job, rec))
     return out
 
