@@ -163,38 +163,45 @@ def test_shell_timeout_kills_the_process_group(make_cluster) -> None:  # type: i
 
 
 def test_cluster_stopped_past_the_window_catches_up_and_records_missed(make_cluster, sink: Sink) -> None:  # type: ignore[no-untyped-def]
+    # The window is counted back from the instant the new leader decides, however long the
+    # restart and its election take: the slots are judged by each decision's own instant, not by
+    # a count that assumed a quick election (one of 7 s on a busy machine left 4 slots of 10 s).
+    # Only that some slot is still inside the window when the leader decides needs the restart
+    # and election to take under ~19 s, for three agents holding one job.
+    window = 20
     c: Cluster = make_cluster(3, extra=LEASE)
     c.wait_registered()
-    c.put_job(job_doc("steady", sink.url(), catchup={"policy": "all", "window": "10s"}))
+    c.put_job(job_doc("steady", sink.url(), catchup={"policy": "all", "window": f"{window}s"}))
     wait_for("first deliveries", lambda: len(sink.of("steady")) >= 2, 15)
     for n in c.nodes:
         n.terminate()
     stopped = time.time()
-    time.sleep(20)  # deliberate: the cluster stays down twice the catch-up window, the case under test
+    time.sleep(window + 10)  # deliberate: the cluster stays down longer than the catch-up window, the case under test
     for n in c.nodes:
         n.start()
     restarted = time.time()
-    leader = c.leader(timeout=30)
-    wait_for("catch-up runs delivered", lambda: sum(d.headers.get("X-Raftcron-Slot", "") < _iso(restarted) and
-                                                    _ts(d.headers["X-Raftcron-Slot"]) > stopped + 12
-                                                    for d in sink.of("steady")) >= 5, 30)
+    leader = c.leader(timeout=60)
     # the leader decides slots in order (no gap: asserted below), so once a slot of the
     # restart's second is in its ledger, so is every slot of the downtime
     wait_for("the leader's ledger to decide every slot of the downtime", lambda: any(
-        _ts(r["slot"]) >= restarted - 1 for r in _first_attempts(c.runs("steady", via=leader))), 20)
+        _ts(r["slot"]) >= restarted - 1 for r in _first_attempts(c.runs("steady", via=leader))), 60)
     runs = c.runs("steady", via=leader)
     assert_one_decision_per_slot(runs)
     gap = [r for r in _first_attempts(runs) if stopped + 1 < _ts(r["slot"]) < restarted - 1]
     missed = [r for r in gap if r["status"] == "missed"]
     caught = [r for r in gap if r["trigger"] == "catchup" and r["status"] != "missed"]
+    assert len(missed) + len(caught) == len(gap), "every slot of the downtime is caught up or missed"
     assert missed, "slots older than the window must be recorded missed"
-    assert caught, "slots inside the window must be run"
+    assert all(_ts(m["slot"]) < _ts(m["claimed_at"]) - window for m in missed), "missed only beyond the window"
+    # A decision's instant is its entry's, stamped just after the leader planned: a second's slack.
+    assert all(_ts(k["slot"]) >= _ts(k["claimed_at"]) - window - 1 for k in caught), "caught up only inside it"
     assert all(_ts(m["slot"]) < _ts(k["slot"]) for m in missed for k in caught), "missed are the older ones"
-    assert 6 <= len(caught) <= 14, f"{len(caught)} catch-up runs for a 10s window"
+    assert caught, "slots inside the window must be run"
+    assert len(caught) <= window + 1, f"{len(caught)} catch-up runs for a {window}s window"
     delivered = {d.headers["X-Raftcron-Slot"] for d in sink.of("steady")}
     for r in caught:
         wait_for(f"catch-up slot {r['slot']} delivered", lambda r=r: r["slot"] in delivered or
-                 r["slot"] in {d.headers["X-Raftcron-Slot"] for d in sink.of("steady")}, 15)
+                 r["slot"] in {d.headers["X-Raftcron-Slot"] for d in sink.of("steady")}, 30)
     for r in missed:
         assert r["slot"] not in delivered, "a missed slot must not run"
 
