@@ -41,7 +41,7 @@ from .commands import (
     StartRuns,
 )
 from .model import Policy, stored_depends_on
-from .planner import PLAN_EPOCH, walk_from_us
+from .planner import PLAN_EPOCH, next_slot_kept, walk_from_us
 from .runs import ACTIVE, AWAITING_RETRY, CLAIM_STATUSES, HELD, SCHEDULED, TERMINAL, LateResult, RunRecord
 from .runtable import run_id_of
 from .sections import Delivery, DependsOn, DependsOnCondition
@@ -166,8 +166,8 @@ def note_next(state: Store, cmd: NoteNextSlots) -> dict[str, int]:
         # object per slot instant of the entry, and the planner's epoch: the item's own, decoded
         # from the entry for each job, cost ~150 bytes a job (an epoch string and three instants
         # past 2**30), kept as long as the job is.
-        record = [PLAN_EPOCH if epoch == PLAN_EPOCH else epoch, rec["version"], rec["created_us"], walks_from,
-                  instants.setdefault(slot, slot)]
+        record = next_slot_kept(PLAN_EPOCH if epoch == PLAN_EPOCH else epoch, rec["version"], rec["created_us"],
+                                walks_from, instants.setdefault(slot, slot))
         if rec.get("next_slot") != record:
             state.jobs[name] = {**rec, "next_slot": record}
             kept += 1

@@ -181,9 +181,14 @@ def known_next_slot(rec: dict[str, Any]) -> tuple[bool, int | None]:
     return True, slot
 
 
+def next_slot_kept(epoch: str, version: int, created_us: int, from_us: int, slot_us: int | None) -> list[Any]:
+    """The form a job's record keeps its next slot in (``next_slot``; ``known_next_slot`` reads it)."""
+    return [epoch, version, created_us, from_us, slot_us]
+
+
 def stored_next_slot(item: dict[str, Any]) -> list[Any]:
     """How a ``NoteNextSlots`` item is kept in the job's record (``next_slot``)."""
-    return [item["epoch"], item["version"], item["created_us"], item["from_us"], item["slot_us"]]
+    return next_slot_kept(item["epoch"], item["version"], item["created_us"], item["from_us"], item["slot_us"])
 
 
 def next_slot_record(rec: dict[str, Any], name: str, walked_to: int, slot: int | None) -> dict[str, Any]:
