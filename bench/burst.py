@@ -186,6 +186,7 @@ def raftcron(n: int, a: argparse.Namespace) -> dict[str, Any]:
 def _spies(cluster: Cluster, leader: Node, at: float, seconds: float, n: int) -> dict[str, tuple[Any, Path]]:
     """py-spy on every agent from half a second before the instant, ``seconds`` long (GIL holders only)."""
     time.sleep(max(0.0, at - 0.5 - time.time()))
+    RESULTS.mkdir(parents=True, exist_ok=True)  # a new checkout has none
     spies = {}
     for node in cluster.nodes:
         if node.proc is None:
