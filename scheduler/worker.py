@@ -63,18 +63,6 @@ commit takes on a busy cluster, thousands of them waited for the leader's start 
 were taken back."""
 ESTIMATE_POLL = 0.05  # seconds between looks for an estimate of the leader's clock while none is known
 LAUNCH_SLICE = 500  # attempts of one wave launched between two turns of the event loop
-START_HOLD = 1.0
-"""Seconds an attempt runs before its start is reported (at most a fifth of the lease). One that
-ends sooner is recorded from its result alone, straight from ``claimed`` to its outcome: one
-entry applied on every replica instead of two, for most HTTP attempts. A burst's attempts wait
-for their host's connections (``CONNECTIONS_PER_HOST``) and run for as long as the burst takes
-to send, so with starts reported after one batch period, each of them was an entry of starts and
-one of results (``python -m bench.burst``, 10,000 slots at one instant: the last start 1.70-1.95
-s with the hold against 1.78-2.72 s without, five runs each alternated; bench/README item 106).
-Safe against the leader's expiries: a claim not started is counted lost only at its start
-deadline (10 s at least, twice the lease), or once its node has been unreachable for a whole
-lease, when a started one's lease would have lapsed too. A late attempt (``LATE_LIMIT``) runs
-only once its start commits, so its start is never held."""
 LATE_LIMIT = 2.0
 """Seconds past both its instant and its claim (by the cluster's clock) within which an attempt
 may start at once (at most half a lease). Later, it is reserved: reported started, and run only
@@ -96,7 +84,7 @@ an old slot and is on time when it fires at once."""
 class Worker:
     def __init__(self, service: Service, clock: Clock, executors: dict[str, Executor], *,
                  lease: float = 5.0, flush_interval: float = 0.02, max_skew: float = 0.5,
-                 cluster: ClusterTime | None = None, start_hold: float = START_HOLD) -> None:
+                 cluster: ClusterTime | None = None) -> None:
         self.svc = service
         self.state = service.state
         self.me = service.node_id
@@ -109,7 +97,6 @@ class Worker:
         self.skewed = False  # this node's own clock beyond max_skew from the leader's (see _clock_ok)
         self.executors = executors
         self.lease = lease
-        self.start_hold = min(start_hold, lease / 5)  # see START_HOLD
         self.flush_interval = flush_interval
         self._tasks: dict[str, asyncio.Task[None]] = {}  # started attempts, by run id
         self._waves: dict[int, dict[str, RunRecord]] = {}  # instant (us) -> attempts waiting for it
@@ -493,16 +480,15 @@ class Worker:
 
     async def _flush_loop(self) -> None:
         backoff = self.flush_interval
-        wake: float | None = None  # when (monotonic) a held start is due (START_HOLD), None: none held
         while True:
-            await self.clock.wait_for(self._kick, None if wake is None else wake - self.clock.monotonic())
+            await self.clock.wait_for(self._kick, None)
             self._kick.clear()
             await self.clock.sleep(self.flush_interval)  # gather a batch
             try:
-                more, wake = await self._flush_starts()
+                await self._flush_starts()
                 await self._flush_results()
                 backoff = self.flush_interval
-                if more:
+                if self._starts:
                     # More than one entry's worth: the rest go next period, results in between.
                     # (Left waiting for another attempt's kick, starts of long attempts went
                     # unreported until the leader counted the claims lost and ran them again.)
@@ -525,29 +511,17 @@ class Worker:
             except RaftcronError as exc:
                 log.warning("lease renewal not committed (%s); next try in %.1fs", exc, every)
 
-    async def _flush_starts(self) -> tuple[bool, float | None]:
-        """Report the starts due; whether more are due than one flush proposes, and when (on
-        the monotonic clock) the next held one is (None: none held).
-
-        An attempt that already finished is not reported started: its result carries the
-        start, and the ledger takes it from "claimed" straight to its outcome. A start is
-        reported once its attempt has run ``start_hold`` (START_HOLD), a late one's at once (it
-        runs only when its start commits)."""
-        results, reserved, starts = self._results, self._reserved, self._starts
-        for rid in [r for r in starts if r in results]:
-            del starts[rid]
-        if not starts:
-            return False, None
-        now = self.cluster.now_us()
-        hold = int(self.start_hold * 1e6)
-        ran = now - hold
-        due = [(rid, at) for rid, at in starts.items() if at <= ran or rid in reserved]
-        held = [at for rid, at in starts.items() if at > ran and rid not in reserved]
-        wake = self.clock.monotonic() + (min(held) + hold - now) / 1e6 if held else None
-        if not due:
-            return False, wake
-        pending = due[:BATCH * STARTS_IN_FLIGHT]
+    async def _flush_starts(self) -> None:
+        # An attempt that already finished is not reported started: its result carries
+        # the start, and the ledger takes it from "claimed" straight to its outcome.
+        # One entry fewer on every replica for each run shorter than a batch period.
+        for rid in [r for r in self._starts if r in self._results]:
+            del self._starts[rid]
+        if not self._starts:
+            return
+        pending = list(self._starts.items())[:BATCH * STARTS_IN_FLIGHT]
         batches = [dict(pending[i : i + BATCH]) for i in range(0, len(pending), BATCH)]
+        now = self.cluster.now_us()
         lease_until = now + int(self.lease * 1e6)
 
         async def report(batch: dict[str, int]) -> None:
@@ -565,7 +539,6 @@ class Worker:
                 raise outcome  # cancelled: not a failure to retry
         if failed:
             raise failed[0]  # its starts are kept and proposed again (a start is idempotent)
-        return len(due) > len(pending), wake
 
     async def _flush_results(self) -> None:
         while self._results:
@@ -616,13 +589,6 @@ class Worker:
     @property
     def pending_reports(self) -> int:
         return len(self._starts) + len(self._results)
-
-    @property
-    def held_starts(self) -> int:
-        """Starts not reported yet because their attempts have run less than ``start_hold``."""
-        ran = self.cluster.now_us() - int(self.start_hold * 1e6)
-        reserved, results = self._reserved, self._results
-        return sum(1 for rid, at in self._starts.items() if at > ran and rid not in reserved and rid not in results)
 
 
 def _some(runs: list[RunRecord]) -> str:

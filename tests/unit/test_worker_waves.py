@@ -37,7 +37,7 @@ from scheduler.instants import us
 from scheduler.model import parse_job
 from scheduler.service import Service
 from scheduler.state import State
-from scheduler.worker import BATCH, LAUNCH_SLICE, START_HOLD, STARTS_IN_FLIGHT, Worker
+from scheduler.worker import BATCH, LAUNCH_SLICE, STARTS_IN_FLIGHT, Worker
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 JOBS = 400
@@ -302,14 +302,12 @@ class Holding:
         return Outcome(status=OutcomeStatus.SUCCEEDED, started_at=T0, finished_at=T0)
 
 
-async def _start_long(service: Service, clock: FakeClock, held: Holding, jobs: int, worker: Worker) -> list[str]:
-    """Claim ``jobs`` attempts for 5 s on, run them all (long ones) at their instant, and let
-    them run until their starts are due to be reported (START_HOLD)."""
+async def _start_long(service: Service, clock: FakeClock, held: Holding, jobs: int) -> list[str]:
+    """Claim ``jobs`` attempts for 5 s on and run them all (long ones) at their instant."""
     rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
     clock.advance(5.0 + 1.0)
     await _settle()
     assert len(held.started) == jobs
-    clock.advance(worker.start_hold)
     return rids
 
 
@@ -322,7 +320,7 @@ async def test_more_starts_than_one_report_holds_are_all_reported() -> None:
     held = Holding()
     worker.executors["http"] = held  # type: ignore[assignment]
     try:
-        rids = await _start_long(service, clock, held, jobs, worker)
+        rids = await _start_long(service, clock, held, jobs)
         for _ in range(6):
             await _report_period(clock)
         assert all(state.runs[r]["status"] == "running" for r in rids), "a start left unreported"
@@ -355,7 +353,7 @@ async def test_starts_of_several_entries_are_proposed_together_and_a_failed_one_
 
     node.submit = deferred  # type: ignore[attr-defined]
     try:
-        rids = await _start_long(service, clock, held, jobs, worker)
+        rids = await _start_long(service, clock, held, jobs)
         await _report_period(clock)
         assert [len(r) for r in proposed] == [BATCH] * STARTS_IN_FLIGHT, "starts awaited one entry at a time"
         first = list(waiting)
@@ -404,7 +402,7 @@ async def test_a_committed_entry_of_starts_is_renewed_while_another_still_waits(
 
     node.submit = second_unanswered  # type: ignore[attr-defined]
     try:
-        rids = await _start_long(service, clock, held, jobs, worker)
+        rids = await _start_long(service, clock, held, jobs)
         await _report_period(clock)
         assert len(unanswered) == 1
         first = [r for r in rids if state.runs[r]["status"] == "running"]
@@ -474,109 +472,5 @@ async def test_one_attempt_that_raises_on_its_way_out_does_not_drop_the_rest_of_
         # j0003's observer failed after it started: it runs all the same, and is reported.
         assert sorted(a.job for a, _ in rec.fired) == ["j0000", "j0001", "j0003", "j0004"]
         assert worker.declined == 1 and not [r for r in worker._running if state.runs[r]["job"] == "j0002"]
-    finally:
-        await worker.stop()
-
-
-class Timed:
-    """An executor whose attempts each run ``seconds`` of the fake clock."""
-
-    def __init__(self, clock: FakeClock, seconds: float) -> None:
-        self.clock, self.seconds = clock, seconds
-        self.started: list[str] = []
-
-    async def run(self, attempt: Attempt) -> Outcome:
-        self.started.append(attempt.run_id)
-        began = self.clock.now()
-        await self.clock.sleep(self.seconds)
-        return Outcome(status=OutcomeStatus.SUCCEEDED, started_at=began, finished_at=self.clock.now())
-
-
-def _count_starts(service: Service) -> list[StartRuns]:
-    seen: list[StartRuns] = []
-    node = service.node
-    submit = node.submit  # type: ignore[attr-defined]
-
-    def counted(payload: bytes, callback: Any) -> None:
-        cmd = decode_command(payload)
-        if isinstance(cmd, StartRuns):
-            seen.append(cmd)
-        submit(payload, callback)
-
-    node.submit = counted  # type: ignore[attr-defined]
-    return seen
-
-
-async def test_attempts_that_end_within_the_start_hold_are_recorded_from_their_results_alone() -> None:
-    """A burst's attempts wait for their host's connections and run for as long as the burst
-    takes to send; each start was an entry of its own, applied on every replica, before its
-    result. One that ends within START_HOLD is now recorded from its result alone."""
-    jobs = 50
-    clock, state, service, worker, rec = await _setup(jobs=jobs)
-    timed = Timed(clock, worker.start_hold / 2)
-    worker.executors["http"] = timed  # type: ignore[assignment]
-    starts = _count_starts(service)
-    try:
-        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "short")
-        clock.advance(5.0)
-        await _settle()
-        assert len(timed.started) == jobs
-        for _ in range(20):  # the report periods within the attempts' run
-            await _report_period(clock)
-        assert starts == [], "a start reported for an attempt still within the hold"
-        assert all(state.runs[r]["status"] == "claimed" for r in rids)
-        assert worker.held_starts == jobs
-        clock.advance(worker.start_hold / 2)  # the attempts end
-        await _settle()
-        await _report_period(clock)
-        assert starts == [], "a start reported for an attempt that had ended"
-        assert worker.pending_reports == 0 and worker.held_starts == 0
-        assert all(state.runs[r]["status"] == "succeeded" for r in rids)
-        assert all(state.runs[r]["started_us"] == us(T0 + timedelta(seconds=5)) for r in rids)
-    finally:
-        await worker.stop()
-
-
-async def test_a_long_attempts_start_is_reported_once_it_has_run_the_hold_and_renewed_from_then() -> None:
-    jobs = 20
-    clock, state, service, worker, rec = await _setup(jobs=jobs)
-    held = Timed(clock, 100.0)
-    worker.executors["http"] = held  # type: ignore[assignment]
-    starts = _count_starts(service)
-    renewed: list[str] = []
-    service.node.hooks.append(  # type: ignore[attr-defined]
-        lambda a: renewed.extend(a.command.runs) if isinstance(a.command, RenewLeases) else None)
-    try:
-        rids = await _claim(service, [f"j{i:04d}" for i in range(jobs)], T0 + timedelta(seconds=5), "long")
-        clock.advance(5.0)
-        await _settle()
-        assert len(held.started) == jobs
-        clock.advance(worker.start_hold - 0.01)
-        await _settle()
-        assert starts == [] and worker.held_starts == jobs
-        # The report loop waits on the clock for the hold's end, not in a loop of its own: the
-        # fake clock's settle fails when a task keeps running without waiting on it.
-        await clock.settle()
-        clock.advance(0.01)
-        await clock.settle()
-        await _report_period(clock)
-        assert [set(s.runs) for s in starts] == [set(rids)], "the starts not reported once at the hold's end"
-        assert all(state.runs[r]["status"] == "running" for r in rids)
-        assert worker.held_starts == 0
-        clock.advance(worker.lease / 3)  # the renewal period
-        await _settle()
-        assert set(rids) <= set(renewed)
-    finally:
-        await worker.stop()
-
-
-async def test_the_start_hold_is_at_most_a_fifth_of_the_lease() -> None:
-    # The leader counts a claim not started lost at its start deadline (twice the lease at
-    # least) and renews nothing it does not know started: the hold stays well inside both.
-    clock, state, service, worker, rec = await _setup(jobs=1)
-    try:
-        assert START_HOLD == 1.0 and worker.start_hold == 1.0  # a lease of 5 s
-        for lease, hold in ((2.0, 0.4), (30.0, 1.0)):
-            assert Worker(service, clock, {}, lease=lease).start_hold == pytest.approx(hold)
     finally:
         await worker.stop()
