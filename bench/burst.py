@@ -186,7 +186,6 @@ def raftcron(n: int, a: argparse.Namespace) -> dict[str, Any]:
 def _spies(cluster: Cluster, leader: Node, at: float, seconds: float, n: int) -> dict[str, tuple[Any, Path]]:
     """py-spy on every agent from half a second before the instant, ``seconds`` long (GIL holders only)."""
     time.sleep(max(0.0, at - 0.5 - time.time()))
-    RESULTS.mkdir(parents=True, exist_ok=True)  # a new checkout has none
     spies = {}
     for node in cluster.nodes:
         if node.proc is None:
@@ -265,6 +264,8 @@ def main() -> None:
         a.sizes, a.repeat = "1000", 1
     if a.profile and shutil.which("py-spy") is None:
         raise SystemExit("--profile needs py-spy: pip install -e '.[bench]'")
+    if a.profile:
+        RESULTS.mkdir(parents=True, exist_ok=True)  # the profiles go there; a new checkout has none
     sizes = [int(x) for x in a.sizes.split(",")]
     inflights = [int(x) for x in a.floor_inflight.split(",")]
     doc: dict[str, Any] = {"machine": machine(), "sizes": sizes, "runs": []}

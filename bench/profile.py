@@ -68,7 +68,6 @@ def main() -> None:
             if farm is not None:
                 asyncio.run(create_jobs(leader.url, a.rate, farm.url()))
                 time.sleep(5)
-            RESULTS.mkdir(parents=True, exist_ok=True)  # a new checkout has none
             outs = {n.name + ("-leader" if n is leader else ""): RESULTS / f"profile-{a.load}-{n.name}.txt" for n in cluster.nodes}
             spies = [subprocess.Popen(["py-spy", "record", "-p", str(n.proc.pid), "-d", str(int(a.seconds)), "-r", str(a.rate_hz),
                                        "-f", "raw", "--gil", *([] if a.blocking else ["--nonblocking"]), "-o", str(out)],
