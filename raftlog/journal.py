@@ -14,6 +14,7 @@ import mmap
 import os
 import struct
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _pso
-from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
+from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET, FileJournal, MetaStorer, ResizableFile
 
 from .heap import release_free_memory
 from .recovery import journal_header, recover_journal
@@ -35,6 +36,11 @@ _log = logging.getLogger("raftcron.raft")
 # API's floor of free space (``space.MIN_FREE``) can always take the next growth.
 _GROW_STEP = 1 << 20
 _RECORD_OVERHEAD = 4 + 16 + 4  # size, idx and term, size
+_COMMAND_AT = 4 + 16  # a record's command, from the record's start
+_FAULT_AROUND = 64 << 10  # what a fault on a file mapping maps in around its page (Linux's default)
+_COPY_STEP = 1 << 20  # a compaction copies the records it keeps this much at a time
+_HELD_OVERHEAD = 64  # what a command held in memory costs beyond its bytes (its object, its slot)
+_KEPT_BYTES = 1 << 20  # what an iterated _Span keeps of the entries it read
 # Synced journal bytes whose pages are handed back from the mapping at once (see
 # ``_DurableJournal._drop_synced_pages``): one madvise per this much written.
 _DROP_STEP = 1 << 20
@@ -137,6 +143,176 @@ class _TrimmingJournal(FileJournal):  # type: ignore[misc]
         release_free_memory()
 
 
+class _Entries:
+    """The durable journal's entries as FileJournal lists them, ``(command, idx, term)``, with
+    the commands of the newest ``TAIL_BYTES`` in memory and only each older record's place,
+    index and term: its command is read back from the journal's mapping when asked for.
+
+    pysyncobj's list held every command since the last compaction, so an agent's memory grew
+    by the journal's whole size between two snapshots (35.7 MB of records behind the snapshot
+    at one kill of a cluster of 100,000 jobs and 1,000,000 run records, bench/README item 106).
+    What pysyncobj reads on its hot paths stays in memory: the entries it sends and applies
+    next (the tail), the last one always, and the first entry (its index, read on every send).
+    A replay, or a follower far behind, reads older ones back, copying each out of the mapping
+    with the GIL held and no system call: from the page cache, where a journal just written
+    is, that costs no wait; a page the disk must give back again holds every thread while it
+    comes. The journal hands the pages so read back again (``_DurableJournal._read_back``)."""
+
+    __slots__ = ("_journal", "_at", "_size", "_idx", "_term", "_tail", "_tail_lo", "_tail_bytes", "_first", "changes")
+
+    TAIL_BYTES = 4 << 20
+
+    def __init__(self, journal: _DurableJournal) -> None:
+        self._journal = journal
+        self._at = array("q")  # each command's offset in the file
+        self._size = array("q")
+        self._idx = array("Q")
+        self._term = array("Q")
+        # The newest entries' commands, the last one last, from ``_tail_lo`` on (a list, not a
+        # deque: read by position, and a deque's reads walk its blocks).
+        self._tail: list[bytes | None] = []
+        self._tail_lo = 0
+        self._tail_bytes = 0
+        self._first: tuple[bytes, int, int] | None = None  # the first entry, once read
+        self.changes = 0  # entries cut, or all of them left for another object: a _Span taken before is void
+
+    def note(self, at: int, command: bytes, idx: int, term: int) -> None:
+        """A record written: its command's offset, the command, its index and term."""
+        self._at.append(at)
+        self._size.append(len(command))
+        self._idx.append(idx)
+        self._term.append(term)
+        tail = self._tail
+        tail.append(command)
+        self._tail_bytes += len(command) + _HELD_OVERHEAD
+        lo = self._tail_lo
+        while self._tail_bytes > self.TAIL_BYTES and len(tail) - lo > 1:
+            self._tail_bytes -= len(tail[lo]) + _HELD_OVERHEAD  # type: ignore[arg-type]
+            tail[lo] = None
+            lo += 1
+        if lo > 1024 and 2 * lo > len(tail):
+            del tail[:lo]
+            lo = 0
+        self._tail_lo = lo
+
+    def record_start(self, k: int) -> int:
+        """Where the ``k``-th record begins in the file."""
+        return self._at[k] - _COMMAND_AT
+
+    def cut(self, k: int) -> None:
+        """Forget the entries from the ``k``-th on."""
+        n = len(self._at)
+        k = max(0, min(k, n))
+        self.changes += 1
+        tail = self._tail
+        for _ in range(min(n - k, len(tail) - self._tail_lo)):
+            self._tail_bytes -= len(tail.pop()) + _HELD_OVERHEAD  # type: ignore[arg-type]
+        for column in (self._at, self._size, self._idx, self._term):
+            del column[k:]
+        if k == 0:
+            self._first = None
+        elif len(tail) == self._tail_lo:  # the tail all cut: the new last entry is read on every tick
+            command = self._journal._read_back(self._at[-1], self._size[-1])
+            self._tail, self._tail_lo, self._tail_bytes = [command], 0, len(command) + _HELD_OVERHEAD
+
+    def moved(self, k: int, delta: int) -> _Entries:
+        """The entries from the ``k``-th on, in a file where each record lies ``delta`` bytes
+        further on (a compaction's new file); the commands in memory stay so."""
+        kept = _Entries(self._journal)
+        kept._at = array("q", (at + delta for at in self._at[k:]))
+        kept._size = self._size[k:]
+        kept._idx = self._idx[k:]
+        kept._term = self._term[k:]
+        n = len(self._at) - k
+        tail = self._tail
+        kept._tail = tail[max(self._tail_lo, len(tail) - n):] if n else []
+        kept._tail_bytes = sum(len(c) + _HELD_OVERHEAD for c in kept._tail if c is not None)  # none is None
+        self.changes += 1  # this object's offsets are of the file left behind
+        return kept
+
+    def left(self) -> None:
+        """The journal moved on to another ``_Entries`` (cleared): this one is read no more."""
+        self.changes += 1
+
+    def keys(self) -> list[tuple[int, int]]:
+        """Each entry's (index, term), no command read."""
+        return list(zip(self._idx, self._term, strict=True))
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self._at))
+            if step == 1:  # what pysyncobj asks for to send and to apply: read as it is used
+                return _Span(self, start, max(start, stop))
+            return [self._entry(k) for k in range(start, stop, step)]
+        n = len(self._at)
+        k = key + n if key < 0 else key
+        if not 0 <= k < n:
+            raise IndexError("journal entry index out of range")
+        return self._entry(k)
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
+        return (self._entry(k) for k in range(len(self._at)))
+
+    def _entry(self, k: int) -> tuple[bytes, int, int]:
+        behind = len(self._at) - k  # 1: the last
+        tail = self._tail
+        if behind <= len(tail) - self._tail_lo:
+            return tail[-behind], self._idx[k], self._term[k]  # type: ignore[return-value]
+        if k == 0:
+            if self._first is None:
+                self._first = self._journal._read_back(self._at[0], self._size[0]), self._idx[0], self._term[0]
+            return self._first
+        return self._journal._read_back(self._at[k], self._size[k]), self._idx[k], self._term[k]
+
+
+class _Span:
+    """Entries ``start .. stop`` of the journal as they were when asked for, each read when it
+    is indexed or iterated. pysyncobj asks for every entry from a follower's next index to the
+    end and sends the first 64 KiB of them, and applies the entries committed in one slice: a
+    list would read back every entry to the end for each batch sent to a follower far behind,
+    and hold the whole journal at once while a restart replays it. The entries an iteration
+    read, up to ``_KEPT_BYTES``, are kept for the slice pysyncobj takes of them right after.
+    Read after the journal cut or left its entries, it raises (it would read other records)."""
+
+    __slots__ = ("_entries", "_start", "_stop", "_changes", "_read", "_read_bytes")
+
+    def __init__(self, entries: _Entries, start: int, stop: int) -> None:
+        self._entries, self._start, self._stop = entries, start, stop
+        self._changes = entries.changes
+        self._read: list[tuple[bytes, int, int]] = []  # entries start, start + 1, ... as iterated
+        self._read_bytes = 0
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __bool__(self) -> bool:
+        return self._stop > self._start
+
+    def _entry(self, k: int) -> tuple[bytes, int, int]:
+        if k - self._start < len(self._read):
+            return self._read[k - self._start]
+        if self._entries.changes != self._changes:
+            raise RuntimeError("journal entries read after the journal changed under them")
+        return self._entries._entry(k)
+
+    def __getitem__(self, key: int | slice) -> Any:
+        span = range(self._start, self._stop)[key]
+        if isinstance(span, range):
+            return [self._entry(k) for k in span]
+        return self._entry(span)
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
+        for k in range(self._start, self._stop):
+            entry = self._entry(k)
+            if k - self._start == len(self._read) and self._read_bytes < _KEPT_BYTES:
+                self._read.append(entry)
+                self._read_bytes += len(entry[0]) + _HELD_OVERHEAD
+            yield entry
+
+
 class _DurableJournal(FileJournal):  # type: ignore[misc]
     """A FileJournal that syncs appended records before anyone is told of them.
 
@@ -175,19 +351,53 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         self.failed: OSError | None = None  # set for good by a failed sync, see _fdatasync
         self._rc_meta_warned = float("-inf")
         self._rc_dropped = 0  # the journal's bytes before this offset are not mapped in
+        self._rc_read_back = 0  # bytes read back from below _rc_dropped since they were last handed back
+        self._rc_window = -1  # the fault-around window of the last read back
+        # FileJournal read every record into a list: keep the places, the newest commands only.
+        entries = self._entries = _Entries(self)
+        at = FIRST_RECORD_OFFSET
+        for command, idx, term in self._FileJournal__journal:  # type: ignore[has-type]
+            entries.note(at + _COMMAND_AT, command, int(idx), int(term))
+            at += _RECORD_OVERHEAD + len(command)
+        self._FileJournal__journal = entries
         # The journal was just read through the mapping. Pages written at the start and not yet
         # synced (a new file's header, a torn tail cut off) are dirty: unmapping keeps them too.
         self._drop_synced_pages(0)
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        """FileJournal's record (``size | idx, term, command | size``) and the header naming its
+        end, written as FileJournal writes them; the entry kept in ``_Entries``."""
+        data = _journal_module.to_bytes(command)
+        start = int(self._FileJournal__currentOffset)  # type: ignore[has-type]
+        end = start + _RECORD_OVERHEAD + len(data)
         # Space first: an ENOSPC raised here leaves the journal as it was (pysyncobj drops the
         # command; its submitter times out as outcome unknown), never half a record.
-        self._rc_file.reserve(self._FileJournal__currentOffset + _RECORD_OVERHEAD + len(command))
-        super().add(command, idx, term)
+        self._rc_file.reserve(end)
+        size = struct.pack("<I", len(data) + 16)
+        self._rc_file.write(start, b"".join((size, struct.pack("<QQ", idx, term), data, size)))
+        self._rc_file.write(LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", end))
+        self._FileJournal__currentOffset = end
+        self._entries.note(start + _COMMAND_AT, data, idx, term)
         if self.defer:
             self._rc_dirty = True
         else:
             self._fdatasync()
+
+    def _read_back(self, at: int, size: int) -> bytes:
+        """A command's bytes from the mapping (``_Entries``). Once ``_DROP_STEP`` bytes have been
+        read back from pages handed back before (a fault maps in its neighbours too: counted),
+        those pages are handed back again."""
+        data: bytes = self._rc_file._ResizableFile__mm[at:at + size]
+        if at < self._rc_dropped:
+            window = at // _FAULT_AROUND
+            self._rc_read_back += size + (_FAULT_AROUND if window != self._rc_window else 0)
+            self._rc_window = window
+            if self._rc_read_back >= _DROP_STEP:
+                self._rc_read_back = 0
+                dropped = self._rc_dropped - self._rc_dropped % mmap.PAGESIZE
+                if dropped:
+                    self._rc_file.drop_pages(0, dropped)
+        return data
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803 - pysyncobj's names
         """Stored, or left as it was: FileJournal changes its meta in memory before the store,
@@ -216,15 +426,23 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
                 _log.warning("the raft meta file could not be stored (%s); trying again every second", exc)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 - pysyncobj's names
-        """A conflicting suffix cut off (a follower's log against a new leader's): the records
-        after it are written again from where it began, through pages mapped in afresh."""
-        super().deleteEntriesFrom(entryFrom)
+        """A conflicting suffix cut off (a follower's log against a new leader's): the header
+        names the end of the entry before it, and the records after it are written again from
+        there, through pages mapped in afresh."""
+        entries = self._entries
+        if 0 <= entryFrom < len(entries):
+            end = entries.record_start(entryFrom)
+            entries.cut(entryFrom)
+            self._rc_file.write(LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", end))
+            self._FileJournal__currentOffset = end
         self._rc_dropped = min(self._rc_dropped, int(self._FileJournal__currentOffset))
 
     def clear(self) -> None:
         """Every entry dropped (pysyncobj, loading a snapshot the journal does not follow: at the
         start, or a follower sent the leader's snapshot); written again from the start."""
+        self._entries.left()
         super().clear()
+        self._FileJournal__journal = self._entries = _Entries(self)
         self._rc_dropped = 0
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
@@ -237,30 +455,31 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         first mixed page are gone (seen in the crash test: 8 of 3,770 acknowledged writes
         lost in 40 rounds). A crash now leaves the old journal or the new one, whole.
         """
-        kept = list(self._FileJournal__journal[entryTo:])  # type: ignore[has-type]
+        entries = self._entries
+        entry_to = max(0, min(entryTo, len(entries)))
+        start = entries.record_start(entry_to) if entry_to < len(entries) else int(self._FileJournal__currentOffset)
+        current = int(self._FileJournal__currentOffset)
         path = self._rc_path
         side = path + ".partial"
-        body = bytearray()
-        for command, idx, term in kept:
-            record = struct.pack("<QQ", idx, term) + _journal_module.to_bytes(command)
-            size = struct.pack("<I", len(record))
-            body += size + record + size
-        end = len(journal_header(0)) + len(body)
+        end = FIRST_RECORD_OFFSET + current - start
         with open(side, "wb") as f:
             f.write(journal_header(end))
-            f.write(body)
+            f.flush()
+            _copy_range(self._rc_file, f.fileno(), start, current)  # the records kept, as they lie
             f.flush()
             os.fdatasync(f.fileno())  # a new file: its length is synced with its data
+        kept = entries.moved(entry_to, FIRST_RECORD_OFFSET - start)
         os.replace(side, path)
         _sync_dir(path)
         old = self._rc_file
         old._ResizableFile__mm.close()
         old._ResizableFile__f.close()
         self._rc_file = self._FileJournal__journalFile = _SizedFile(path)
-        self._FileJournal__journal = kept
+        self._FileJournal__journal = self._entries = kept
         self._FileJournal__currentOffset = end
         self._rc_dirty = False
         self._rc_dropped = 0  # written through the file, not the new mapping: none of it mapped in
+        self._rc_read_back = 0
         # The entries compacted away and the snapshot's view of the state were just freed.
         release_free_memory()
 
@@ -305,6 +524,27 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
             self._rc_dropped = hi
 
 
+def _copy_range(source: _SizedFile, fd: int, start: int, end: int) -> None:
+    """Append the source file's bytes ``start .. end`` to ``fd``: in the kernel, the GIL given up
+    (``copy_file_range``; the source's mapping writes into the same page cache), else through
+    the mapping a slice at a time."""
+    at = start
+    try:
+        while at < end:
+            done = os.copy_file_range(source.fileno(), fd, end - at, at)
+            if done <= 0:
+                break
+            at += done
+    except (AttributeError, OSError):  # no such call here, or not between these files
+        pass
+    mapped = source._ResizableFile__mm
+    while at < end:
+        chunk = memoryview(mapped[at:min(at + _COPY_STEP, end)])
+        while chunk:
+            written = os.write(fd, chunk)  # at the descriptor's offset, past what copy_file_range wrote
+            chunk, at = chunk[written:], at + written
+
+
 def align_to_snapshot(journal_file: str, prev: tuple[int, int], last: tuple[int, int]) -> int:
     """Drop the journal's entries before the snapshot's ``prev`` (index, term), when it holds
     ``prev`` and ``last``; answer how many were dropped.
@@ -316,7 +556,7 @@ def align_to_snapshot(journal_file: str, prev: tuple[int, int], last: tuple[int,
     finishes the compaction the crash interrupted instead."""
     journal = _DurableJournal(journal_file)
     try:
-        keys = [(int(idx), int(term)) for _, idx, term in (journal[k] for k in range(len(journal)))]
+        keys = journal._entries.keys()
         for pos in range(len(keys) - 1):
             if keys[pos] == prev and keys[pos + 1] == last:
                 if pos:
