@@ -354,6 +354,8 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         self._rc_read_back = 0  # bytes read back from below _rc_dropped since they were last handed back
         self._rc_window = -1  # the fault-around window of the last read back
         # FileJournal read every record into a list: keep the places, the newest commands only.
+        # (So a start holds every command once, for a moment; the restore of the snapshot that
+        # follows trims the heap, ``heap.quiet_restore``.)
         entries = self._entries = _Entries(self)
         at = FIRST_RECORD_OFFSET
         for command, idx, term in self._FileJournal__journal:  # type: ignore[has-type]
@@ -465,7 +467,7 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         with open(side, "wb") as f:
             f.write(journal_header(end))
             f.flush()
-            _copy_range(self._rc_file, f.fileno(), start, current)  # the records kept, as they lie
+            _copy_range(self._rc_file, f.fileno(), start, current, FIRST_RECORD_OFFSET)  # the records kept, as they lie
             f.flush()
             os.fdatasync(f.fileno())  # a new file: its length is synced with its data
         kept = entries.moved(entry_to, FIRST_RECORD_OFFSET - start)
@@ -524,14 +526,15 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
             self._rc_dropped = hi
 
 
-def _copy_range(source: _SizedFile, fd: int, start: int, end: int) -> None:
-    """Append the source file's bytes ``start .. end`` to ``fd``: in the kernel, the GIL given up
-    (``copy_file_range``; the source's mapping writes into the same page cache), else through
-    the mapping a slice at a time."""
+def _copy_range(source: _SizedFile, fd: int, start: int, end: int, to: int) -> None:
+    """Write the source file's bytes ``start .. end`` into ``fd`` at offset ``to``: in the
+    kernel, the GIL given up (``copy_file_range``; the source's mapping writes into the same
+    page cache, so bytes not yet synced are copied too), else through the mapping a slice at a
+    time."""
     at = start
     try:
         while at < end:
-            done = os.copy_file_range(source.fileno(), fd, end - at, at)
+            done = os.copy_file_range(source.fileno(), fd, end - at, at, to + at - start)
             if done <= 0:
                 break
             at += done
@@ -541,7 +544,7 @@ def _copy_range(source: _SizedFile, fd: int, start: int, end: int) -> None:
     while at < end:
         chunk = memoryview(mapped[at:min(at + _COPY_STEP, end)])
         while chunk:
-            written = os.write(fd, chunk)  # at the descriptor's offset, past what copy_file_range wrote
+            written = os.pwrite(fd, chunk, to + at - start)
             chunk, at = chunk[written:], at + written
 
 

@@ -186,6 +186,21 @@ def test_entries_asked_for_before_the_journal_changed_are_not_read_after(tmp_pat
         journal._destroy()
 
 
+def test_a_slice_reads_its_entries_after_later_appends_pushed_them_out_of_the_tail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
+    journal = _filled(tmp_path / "raft.journal", 100, 1000)
+    try:
+        later = journal[90:]
+        for i in range(101, 151):
+            journal.add(bytes([i % 251]) * 1000, i, 2)
+        reads = _count_reads(journal, monkeypatch)
+        assert list(later) == [(bytes([i % 251]) * 1000, i, 1) for i in range(91, 101)]
+        assert len(reads) == 10  # from the file: appends moved no record
+    finally:
+        journal._destroy()
+
+
 def test_the_last_entry_stays_in_memory_after_a_cut_of_the_whole_tail(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # pysyncobj reads the last entry's index and term several times a tick.
@@ -232,5 +247,36 @@ def test_small_commands_read_back_in_order_hand_pages_back_once_a_step(
             journal[k]
         read_kb = 19_000 * 300 // 1024
         assert 1 <= len(dropped) <= 2 * read_kb // (journal_mod._DROP_STEP // 1024) + 1, len(dropped)
+    finally:
+        journal._destroy()
+
+
+@pytest.mark.parametrize("kernel_copies", [0, 5000, None], ids=["none", "partly", "all"])
+def test_a_compaction_keeps_the_records_whatever_the_kernel_copied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copies: int | None) -> None:
+    # The kept records go to the side file through copy_file_range; where it copies nothing,
+    # or stops part-way (another file system), the rest goes through the mapping.
+    path = tmp_path / "raft.journal"
+    journal = _filled(path, 300, 700)
+    real = journal_mod.os.copy_file_range
+    calls: list[int] = []
+
+    def limited(src: int, dst: int, count: int, offset_src: int, offset_dst: int) -> int:
+        calls.append(count)
+        if kernel_copies is None:
+            return int(real(src, dst, count, offset_src, offset_dst))
+        if len(calls) == 1 and kernel_copies:
+            return int(real(src, dst, min(count, kernel_copies), offset_src, offset_dst))
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(journal_mod.os, "copy_file_range", limited)
+    try:
+        journal.deleteEntriesTo(120)
+        assert calls
+        want = [(bytes([i % 251]) * 700, i, 1) for i in range(121, 301)]
+        assert list(journal[0:]) == want
+        journal._destroy()
+        journal = _DurableJournal(str(path))
+        assert list(journal[0:]) == want
     finally:
         journal._destroy()
