@@ -40,6 +40,12 @@ _COMMAND_AT = 4 + 16  # a record's command, from the record's start
 _FAULT_AROUND = 64 << 10  # what a fault on a file mapping maps in around its page (Linux's default)
 _COPY_STEP = 1 << 20  # a compaction copies the records it keeps this much at a time
 _HELD_OVERHEAD = 64  # what a command held in memory costs beyond its bytes (its object, its slot)
+
+
+def _held(command: bytes | None) -> int:
+    """What a command kept in memory is counted as (``_Entries``' tail, a ``_Span``'s reads)."""
+    return len(command or b"") + _HELD_OVERHEAD
+
 _KEPT_BYTES = 1 << 20  # what an iterated _Span keeps of the entries it read
 # Synced journal bytes whose pages are handed back from the mapping at once (see
 # ``_DurableJournal._drop_synced_pages``): one madvise per this much written.
@@ -184,10 +190,10 @@ class _Entries:
         self._term.append(term)
         tail = self._tail
         tail.append(command)
-        self._tail_bytes += len(command) + _HELD_OVERHEAD
+        self._tail_bytes += _held(command)
         lo = self._tail_lo
         while self._tail_bytes > self.TAIL_BYTES and len(tail) - lo > 1:
-            self._tail_bytes -= len(tail[lo]) + _HELD_OVERHEAD  # type: ignore[arg-type]
+            self._tail_bytes -= _held(tail[lo])
             tail[lo] = None
             lo += 1
         if lo > 1024 and 2 * lo > len(tail):
@@ -206,14 +212,14 @@ class _Entries:
         self.changes += 1
         tail = self._tail
         for _ in range(min(n - k, len(tail) - self._tail_lo)):
-            self._tail_bytes -= len(tail.pop()) + _HELD_OVERHEAD  # type: ignore[arg-type]
+            self._tail_bytes -= _held(tail.pop())
         for column in (self._at, self._size, self._idx, self._term):
             del column[k:]
         if k == 0:
             self._first = None
         elif len(tail) == self._tail_lo:  # the tail all cut: the new last entry is read on every tick
             command = self._journal._read_back(self._at[-1], self._size[-1])
-            self._tail, self._tail_lo, self._tail_bytes = [command], 0, len(command) + _HELD_OVERHEAD
+            self._tail, self._tail_lo, self._tail_bytes = [command], 0, _held(command)
 
     def moved(self, k: int, delta: int) -> _Entries:
         """The entries from the ``k``-th on, in a file where each record lies ``delta`` bytes
@@ -226,7 +232,7 @@ class _Entries:
         n = len(self._at) - k
         tail = self._tail
         kept._tail = tail[max(self._tail_lo, len(tail) - n):] if n else []
-        kept._tail_bytes = sum(len(c) + _HELD_OVERHEAD for c in kept._tail if c is not None)  # none is None
+        kept._tail_bytes = sum(map(_held, kept._tail))
         self.changes += 1  # this object's offsets are of the file left behind
         return kept
 
@@ -309,7 +315,7 @@ class _Span:
             entry = self._entry(k)
             if k - self._start == len(self._read) and self._read_bytes < _KEPT_BYTES:
                 self._read.append(entry)
-                self._read_bytes += len(entry[0]) + _HELD_OVERHEAD
+                self._read_bytes += _held(entry[0])
             yield entry
 
 
@@ -459,8 +465,8 @@ class _DurableJournal(FileJournal):  # type: ignore[misc]
         """
         entries = self._entries
         entry_to = max(0, min(entryTo, len(entries)))
-        start = entries.record_start(entry_to) if entry_to < len(entries) else int(self._FileJournal__currentOffset)
         current = int(self._FileJournal__currentOffset)
+        start = entries.record_start(entry_to) if entry_to < len(entries) else current
         path = self._rc_path
         side = path + ".partial"
         end = FIRST_RECORD_OFFSET + current - start

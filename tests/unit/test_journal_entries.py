@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -124,6 +125,27 @@ def _filled(path: Path, entries: int, size: int) -> _DurableJournal:
     return journal
 
 
+@pytest.fixture
+def filled(tmp_path: Path) -> Iterator[Callable[[int, int], _DurableJournal]]:
+    """``filled(entries, size)``: a journal at ``tmp_path / "raft.journal"`` holding that many
+    commands of that size (entry i: byte i % 251, index i, term 1), closed after the test."""
+    opened: list[_DurableJournal] = []
+
+    def make(entries: int, size: int) -> _DurableJournal:
+        opened.append(_filled(tmp_path / "raft.journal", entries, size))
+        return opened[-1]
+
+    yield make
+    for journal in opened:
+        journal._destroy()
+
+
+@pytest.fixture
+def small_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands beyond the newest 10,000 bytes read back from the file."""
+    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
+
+
 def _count_reads(journal: _DurableJournal, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
     real = journal._read_back
@@ -136,119 +158,97 @@ def _count_reads(journal: _DurableJournal, monkeypatch: pytest.MonkeyPatch) -> l
     return reads
 
 
+def _as_pysyncobj_reads(journal: _DurableJournal, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[int]]:
+    """A stand-in for the SyncObj holding ``journal`` (its ``__getEntries`` reads only the
+    journal), and the reads back from the file from now on. The first entry, read on every
+    call and then kept, is read before."""
+    journal[0]
+    return SimpleNamespace(_SyncObj__raftLog=journal), _count_reads(journal, monkeypatch)
+
+
 def test_what_pysyncobj_sends_a_follower_far_behind_is_read_once_and_no_further(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        filled: Callable[[int, int], _DurableJournal], small_tail: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # pysyncobj asks for every entry from the follower's next index to the end, then sends the
     # first 64 KiB of them: reading every entry to the end for each batch made a catch-up
     # quadratic, and its slice of what it had iterated read those entries a second time.
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
-    journal = _filled(tmp_path / "raft.journal", 2000, 1000)
-    try:
-        journal[0]  # read on every send, and kept
-        reads = _count_reads(journal, monkeypatch)
-        host = SimpleNamespace(_SyncObj__raftLog=journal)
-        batch = SyncObj._SyncObj__getEntries(host, 101, None, 64 * 1024)
-        assert [e[1] for e in batch] == list(range(101, 167))  # the 66th reaches 64 KiB
-        assert len(reads) == 66 and len(set(reads)) == 66
-        assert batch == [journal[k] for k in range(100, 166)]
-    finally:
-        journal._destroy()
+    journal = filled(2000, 1000)
+    host, reads = _as_pysyncobj_reads(journal, monkeypatch)
+    batch = SyncObj._SyncObj__getEntries(host, 101, None, 64 * 1024)
+    assert [e[1] for e in batch] == list(range(101, 167))  # the 66th reaches 64 KiB
+    assert len(reads) == 66 and len(set(reads)) == 66
+    assert batch == [journal[k] for k in range(100, 166)]
 
 
-def test_what_a_replay_applies_is_read_as_it_is_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_a_replay_applies_is_read_as_it_is_applied(
+        filled: Callable[[int, int], _DurableJournal], small_tail: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # A restart applies every committed entry in one slice: a list held the whole journal at once.
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
-    journal = _filled(tmp_path / "raft.journal", 2000, 1000)
-    try:
-        journal[0]  # read on every call, and kept
-        reads = _count_reads(journal, monkeypatch)
-        host = SimpleNamespace(_SyncObj__raftLog=journal)
-        entries = SyncObj._SyncObj__getEntries(host, 2, 1990)
-        assert len(entries) == 1990 and not reads
-        for k, entry in enumerate(entries):
-            assert entry == (bytes([(k + 2) % 251]) * 1000, k + 2, 1)
-            assert len(reads) == k + 1
-    finally:
-        journal._destroy()
+    journal = filled(2000, 1000)
+    host, reads = _as_pysyncobj_reads(journal, monkeypatch)
+    entries = SyncObj._SyncObj__getEntries(host, 2, 1990)
+    assert len(entries) == 1990 and not reads
+    for k, entry in enumerate(entries):
+        assert entry == (bytes([(k + 2) % 251]) * 1000, k + 2, 1)
+        assert len(reads) == k + 1
 
 
-def test_entries_asked_for_before_the_journal_changed_are_not_read_after(tmp_path: Path) -> None:
-    journal = _filled(tmp_path / "raft.journal", 50, 100)
-    try:
-        for change in (lambda: journal.deleteEntriesTo(3), lambda: journal.deleteEntriesFrom(40), journal.clear):
-            later = journal[5:]
-            change()
-            with pytest.raises(RuntimeError):
-                later[0]
-            for i in range(1, 51):
-                journal.add(bytes([i % 251]) * 100, 1000 + i, 2)
-    finally:
-        journal._destroy()
+def test_entries_asked_for_before_the_journal_changed_are_not_read_after(filled: Callable[[int, int], _DurableJournal]) -> None:
+    journal = filled(50, 100)
+    for change in (lambda: journal.deleteEntriesTo(3), lambda: journal.deleteEntriesFrom(40), journal.clear):
+        later = journal[5:]
+        change()
+        with pytest.raises(RuntimeError):
+            later[0]
+        for i in range(1, 51):
+            journal.add(bytes([i % 251]) * 100, 1000 + i, 2)
 
 
 def test_a_slice_reads_its_entries_after_later_appends_pushed_them_out_of_the_tail(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
-    journal = _filled(tmp_path / "raft.journal", 100, 1000)
-    try:
-        later = journal[90:]
-        for i in range(101, 151):
-            journal.add(bytes([i % 251]) * 1000, i, 2)
-        reads = _count_reads(journal, monkeypatch)
-        assert list(later) == [(bytes([i % 251]) * 1000, i, 1) for i in range(91, 101)]
-        assert len(reads) == 10  # from the file: appends moved no record
-    finally:
-        journal._destroy()
+        filled: Callable[[int, int], _DurableJournal], small_tail: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = filled(100, 1000)
+    later = journal[90:]
+    for i in range(101, 151):
+        journal.add(bytes([i % 251]) * 1000, i, 2)
+    reads = _count_reads(journal, monkeypatch)
+    assert list(later) == [(bytes([i % 251]) * 1000, i, 1) for i in range(91, 101)]
+    assert len(reads) == 10  # from the file: appends moved no record
 
 
 def test_the_last_entry_stays_in_memory_after_a_cut_of_the_whole_tail(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        filled: Callable[[int, int], _DurableJournal], small_tail: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # pysyncobj reads the last entry's index and term several times a tick.
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
-    journal = _filled(tmp_path / "raft.journal", 500, 1000)
-    try:
-        journal.deleteEntriesFrom(200)
-        reads = _count_reads(journal, monkeypatch)
-        assert all(journal[-1] == (bytes([200 % 251]) * 1000, 200, 1) for _ in range(100))
-        assert not reads
-    finally:
-        journal._destroy()
+    journal = filled(500, 1000)
+    journal.deleteEntriesFrom(200)
+    reads = _count_reads(journal, monkeypatch)
+    assert all(journal[-1] == (bytes([200 % 251]) * 1000, 200, 1) for _ in range(100))
+    assert not reads
 
 
-def test_pages_read_back_are_handed_back_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
+def test_pages_read_back_are_handed_back_again(tmp_path: Path, filled: Callable[[int, int], _DurableJournal], small_tail: None) -> None:
     path = tmp_path / "raft.journal"
-    journal = _filled(path, 3000, 4000)
-    try:
-        assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
-        for k in range(0, 2900):  # ~11 MB read back from pages handed back at the appends
-            assert journal[k][1] == k + 1
-        assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
-    finally:
-        journal._destroy()
+    journal = filled(3000, 4000)
+    assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
+    for k in range(0, 2900):  # ~11 MB read back from pages handed back at the appends
+        assert journal[k][1] == k + 1
+    assert _mapped_kb(path) <= journal_mod._DROP_STEP // 1024 + _AROUND_KB
 
 
 def test_small_commands_read_back_in_order_hand_pages_back_once_a_step(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        filled: Callable[[int, int], _DurableJournal], small_tail: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each read counted a whole fault-around window: reading small commands in order handed the
     # whole journal's pages back every 16 reads.
-    monkeypatch.setattr(_Entries, "TAIL_BYTES", 10_000)
-    journal = _filled(tmp_path / "raft.journal", 20_000, 300)  # ~6 MB
-    try:
-        dropped: list[int] = []
-        real = journal._rc_file.drop_pages
+    journal = filled(20_000, 300)  # ~6 MB
+    dropped: list[int] = []
+    real = journal._rc_file.drop_pages
 
-        def counted(offset: int, length: int) -> bool:
-            dropped.append(length)
-            return bool(real(offset, length))
+    def counted(offset: int, length: int) -> bool:
+        dropped.append(length)
+        return bool(real(offset, length))
 
-        monkeypatch.setattr(journal._rc_file, "drop_pages", counted)
-        for k in range(0, 19_000):
-            journal[k]
-        read_kb = 19_000 * 300 // 1024
-        assert 1 <= len(dropped) <= 2 * read_kb // (journal_mod._DROP_STEP // 1024) + 1, len(dropped)
-    finally:
-        journal._destroy()
+    monkeypatch.setattr(journal._rc_file, "drop_pages", counted)
+    for k in range(0, 19_000):
+        journal[k]
+    read_kb = 19_000 * 300 // 1024
+    assert 1 <= len(dropped) <= 2 * read_kb // (journal_mod._DROP_STEP // 1024) + 1, len(dropped)
 
 
 @pytest.mark.parametrize("kernel_copies", [0, 5000, None], ids=["none", "partly", "all"])
